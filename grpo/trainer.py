@@ -48,6 +48,7 @@ from grpo.experience_collector import (
 from grpo.grpo_objective import GRPOObjective, ObjectiveOutput
 from grpo.kl import KLFn
 from grpo.lr_schedules import build_scheduler
+from grpo.optim import clip_grad_norm, default_optimizer
 from grpo.policy_base import (
     PolicyModel,
     check_policy,
@@ -94,7 +95,8 @@ class GRPOTrainer:
         reference_policy: the policy the KL term pulls towards. Default: a frozen copy of the
             starting policy (DeepSeekMath), made only when ``config.kl_coeff > 0``.
         optimizer: a torch optimizer over the policy's parameters. Default: AdamW with
-            ``config.learning_rate`` (foreach implementation) over ``policy.get_parameters()``.
+            ``config.learning_rate`` over ``policy.get_parameters()`` (`grpo.optim.default_optimizer`:
+            the fused implementation where torch has one).
         advantage_fn: replaces the baseline/scale step of the advantage
             (`grpo.advantage_estimator.AdvantageFn`); no subclassing needed.
         loss_fn: replaces the per-step policy loss (`grpo.policy_losses.PolicyLossFn`).
@@ -217,10 +219,7 @@ class GRPOTrainer:
             return optimizer
         if not self.params:
             return None
-        # foreach: one fused dispatch per update op for all tensors instead of one per tensor
-        return torch.optim.AdamW(
-            self.params, lr=self.config.learning_rate, weight_decay=self.config.weight_decay, foreach=True
-        )
+        return default_optimizer(self.params, self.config.learning_rate, self.config.weight_decay)
 
     def _snapshot(self, policy: PolicyModel) -> PolicyModel:
         try:
@@ -499,10 +498,9 @@ class GRPOTrainer:
             self.distributed.all_reduce_gradients()  # sum: each rank's loss used the global count
             if loss is not None:
                 loss = self.distributed.all_reduce_sum(loss)  # every rank decides on the global loss
-        max_norm = self.config.max_grad_norm
-        norm = torch.nn.utils.clip_grad_norm_(self.params, float("inf") if max_norm is None else max_norm)
-        finite = torch.isfinite(norm) if loss is None else torch.isfinite(norm) & torch.isfinite(loss)
-        if bool(finite):
+        norm = clip_grad_norm(self.params, self.config.max_grad_norm)
+        # one check for both: a sum is finite only if both terms are
+        if bool(torch.isfinite(norm if loss is None else norm + loss)):
             self.optimizer.step()
             if self.scheduler is not None:
                 self.scheduler.step()
