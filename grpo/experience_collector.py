@@ -121,8 +121,15 @@ def _where(obj: object, method: str) -> str:
     return f"{name}.{method}"
 
 
-def _normalise(out: Tensor | PolicyOutput, n: int, where: str, device: torch.device) -> LogProbs:
-    """The one normalisation point: (n,) | (n, T) | PolicyOutput -> LogProbs (n, T)."""
+def _normalise(
+    out: Tensor | PolicyOutput, n: int, where: str, device: torch.device, *, check_inf: bool = True
+) -> LogProbs:
+    """The one normalisation point: (n,) | (n, T) | PolicyOutput -> LogProbs (n, T).
+
+    ``check_inf=False`` skips the +-inf check (`_check_no_inf`): the update passes it, because
+    `grpo.grpo_objective.GRPOObjective` turns a non-finite log-prob on a valid step into a
+    non-finite loss, which the trainer's non-finite policy contains (no weight changes).
+    """
     entropy = mask = None
     if isinstance(out, PolicyOutput):
         logp, mask, entropy = out.log_probs, out.mask, out.entropy
@@ -166,7 +173,8 @@ def _normalise(out: Tensor | PolicyOutput, n: int, where: str, device: torch.dev
         )
     if isinstance(out, PolicyOutput) and out.mask is not None:
         logp = logp.masked_fill(~mask, 0.0)  # padding steps are ignored: any value (-inf, NaN) is fine
-    _check_no_inf(logp, where)
+    if check_inf:
+        _check_no_inf(logp, where)
     return LogProbs(logp, mask, entropy)
 
 
@@ -197,13 +205,14 @@ def evaluate_log_probs(
     groups: Tensor | None = None,
     with_entropy: bool = False,
     device: torch.device,
+    check_inf: bool = True,
 ) -> LogProbs:
     """Log-probs of ``batch``'s actions (rows ``rows``, or all) under ``policy``, as (n, T) + mask.
 
     When the policy has ``evaluate_actions``, the states are tensors and the batch is group-major
     with a uniform G, the policy evaluates each state once per group (``groups`` are the group
     indices whose rows ``rows`` lists, in order). Otherwise ``get_log_probabilities`` is called on
-    the flat rows.
+    the flat rows. ``check_inf``: see `_normalise`.
     """
     n = batch.num_samples if rows is None else int(rows.shape[0])
     actions = select_rows(batch.actions, rows)
@@ -223,7 +232,7 @@ def evaluate_log_probs(
     else:
         out = policy.get_log_probabilities(select_rows(batch.flat_states, rows), actions)
         where = _where(policy, "get_log_probabilities")
-    return _normalise(out, n, where, device)
+    return _normalise(out, n, where, device, check_inf=check_inf)
 
 
 def to_reward_tensor(

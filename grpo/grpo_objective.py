@@ -25,7 +25,8 @@ over micro-batches gives exactly the gradient of the full batch.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import math
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -48,6 +49,7 @@ __all__ = [
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
+    "STAT_NAMES",
     "Aggregation",
     "GRPOObjective",
     "KLEstimator",
@@ -92,24 +94,88 @@ def entropy_bonus(logp: Tensor, entropy: Tensor | None = None) -> Tensor:
     return (lp - 1.0).sub_(logp).mul_(lp)  # lp (lp - logp - 1): value -lp, gradient -lp grad(logp)
 
 
-def _count(flags: Tensor, dtype: torch.dtype) -> Tensor:
-    return torch.count_nonzero(flags).to(dtype)
+STAT_NAMES: tuple[str, ...] = (
+    "loss",
+    "policy_loss",
+    "kl_loss",
+    "entropy",
+    "steps",
+    "clip_low",
+    "clip_high",
+    "kl_old",
+    "kl_ref",
+    "entropy_sum",
+    "ratio_sum",
+)
+"""Entries of `ObjectiveOutput.stats`, in order."""
+
+# Rows of the per-step value stack that `_statistics` reduces, in order.
+# "logp" enters no statistic: a non-finite log-prob on a valid step makes every stat NaN (0 * inf in
+# the reduction), so the trainer sees a non-finite loss and contains the step.
+_ROWS = ("policy", "kl", "entropy", "mask", "clip_low", "clip_high", "ratio", "log_ratio", "logp")
 
 
 class ObjectiveOutput(NamedTuple):
-    """``loss`` carries the gradient; the rest are detached.
+    """The loss of one micro-batch and its statistics.
 
-    ``policy_loss``, ``kl_loss`` and ``entropy`` use the same normaliser as ``loss`` (so they add up
-    across the micro-batches of an optimizer step). ``sums`` holds sums over valid steps for the
-    metrics (``steps``, ``clip_low``, ``clip_high``, ``kl_old``, ``kl_ref``, ``entropy``, ``ratio``)
-    and ``ratio_min`` / ``ratio_max``.
+    ``loss`` (scalar) carries the gradient. ``stats`` (len(`STAT_NAMES`),) is detached, in at least
+    float32: ``loss``, ``policy_loss``, ``kl_loss``, ``entropy`` (aggregated like ``loss``, with
+    the same normaliser, so they add up across the micro-batches of an optimizer step), then sums
+    over valid steps: ``steps``, ``clip_low``, ``clip_high`` (clipped-step counts), ``kl_old``
+    (k3 estimate of KL(old || new), ``sum rho - 1 - log rho``), ``kl_ref``, ``entropy_sum``,
+    ``ratio_sum``. ``extremes`` (2,) is ``(-min rho, max rho)`` over valid steps (``-inf`` for
+    both when there is none): negated so that one ``torch.maximum`` merges two micro-batches.
+    Statistics live in one tensor so that a trainer accumulates them with one op per micro-batch.
     """
 
     loss: Tensor
-    policy_loss: Tensor
-    kl_loss: Tensor
-    entropy: Tensor
-    sums: dict[str, Tensor]
+    stats: Tensor
+    extremes: Tensor
+
+    @property
+    def policy_loss(self) -> Tensor:
+        return self.stats[1]
+
+    @property
+    def kl_loss(self) -> Tensor:
+        return self.stats[2]
+
+    @property
+    def entropy(self) -> Tensor:
+        return self.stats[3]
+
+    @property
+    def sums(self) -> dict[str, Tensor]:
+        """The sums over valid steps by name (``steps``, ``clip_low``, ``clip_high``, ``kl_old``,
+        ``kl_ref``, ``entropy``, ``ratio``) plus ``ratio_min`` / ``ratio_max``."""
+        named = dict(zip(STAT_NAMES, self.stats, strict=True))
+        out = {k: named[k] for k in ("steps", "clip_low", "clip_high", "kl_old", "kl_ref")}
+        out["entropy"], out["ratio"] = named["entropy_sum"], named["ratio_sum"]
+        out["ratio_min"], out["ratio_max"] = -self.extremes[0], self.extremes[1]
+        return out
+
+
+class _FusedLoss(torch.autograd.Function):
+    """A scalar loss whose value and per-step gradients were computed in the forward pass.
+
+    ``apply(logp, entropy, value, g_logp, g_entropy)`` returns ``value``; its backward is
+    ``grad * g_logp`` for ``logp`` and ``grad * g_entropy`` for ``entropy`` (None when the entropy
+    is not differentiated). Saves the autograd graph of the ~30 element-wise ops of the loss.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, logp: Tensor, entropy: Tensor | None, value: Tensor, g_logp: Tensor, g_ent: Tensor | None
+    ) -> Tensor:
+        ctx.has_ent = g_ent is not None
+        ctx.save_for_backward(g_logp, g_ent)
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, ...]:
+        (grad,) = grads
+        g_logp, g_ent = ctx.saved_tensors
+        return grad * g_logp, (grad * g_ent if ctx.has_ent else None), None, None, None
 
 
 class GRPOObjective:
@@ -173,6 +239,8 @@ class GRPOObjective:
         self.loss_normaliser = loss_normaliser
         self.loss_fn = loss_fn
         self.kl_fn = kl_fn
+        # per dtype / device constants, rebuilt when a coefficient changes
+        self._cache: dict[str, tuple[tuple[Any, ...], Any]] = {}
         if aggregation == "seq-mean-token-sum-norm":  # fail at construction, not mid-step
             aggregation_normaliser(torch.ones(1, 1, dtype=torch.bool), aggregation, constant=loss_normaliser)
 
@@ -244,64 +312,186 @@ class GRPOObjective:
         advantages (n,) or (n, T); ``normaliser`` from `normaliser` over the whole step.
 
         The KL is computed (for metrics) whenever ``logp_ref`` is given; it enters the loss only
-        when ``kl_coeff != 0``.
+        when ``kl_coeff != 0``. The built-in "clip" loss with the built-in KL takes a fused path
+        (values and per-step gradients in one no-grad pass, `_FusedLoss`); it equals the composed
+        path (tests compare both to plain loops in float64).
         """
+        if self.policy_loss == "clip" and self.loss_fn is None and self.kl_fn is None:
+            return self._fused(logp, logp_old, advantages, mask, normaliser, logp_ref, entropy)
         mf = mask.to(logp.dtype)  # the one float mask, shared by every masked sum below
         agg, z = self.aggregation, normaliser
         pg = self.policy_term(logp, logp_old, advantages, mask)
-        # aggregate() is linear, so the loss is the sum of the aggregated terms: no (n, T) sum.
-        policy_loss = aggregate(pg.loss, mf, agg, z)
-        loss = policy_loss
-        zero = torch.zeros((), device=logp.device, dtype=logp.dtype)
-        kl = None
-        kl_loss = zero
+        per_step = pg.loss  # aggregate() is linear: aggregate the sum of the terms once
+        kl: Tensor | None = None
         if logp_ref is not None:
             if self.kl_coeff != 0.0:
                 kl = self.kl_term(logp, logp_ref)
-                kl_loss = aggregate(kl, mf, agg, z)
-                loss = loss + self.kl_coeff * kl_loss
+                per_step = per_step + self.kl_coeff * kl
             else:
                 with torch.no_grad():
                     kl = self.kl_term(logp.detach(), logp_ref)
-                    kl_loss = aggregate(kl, mf, agg, z)
         if self.entropy_coeff != 0.0:
-            entropy_value = aggregate(entropy_bonus(logp, entropy), mf, agg, z)
-            loss = loss - self.entropy_coeff * entropy_value
-        else:
-            with torch.no_grad():
-                entropy_value = (
-                    aggregate(entropy, mf, agg, z)
-                    if entropy is not None
-                    else -aggregate(logp.detach(), mf, agg, z)
-                )
-
+            per_step = per_step - self.entropy_coeff * entropy_bonus(logp, entropy)
+        loss = aggregate(per_step, mf, agg, z)
         with torch.no_grad():
             ratio = pg.ratio.detach()
-            flat_m = mf.reshape(-1)
-            steps = flat_m.sum()
-            ratio_sum = torch.dot(ratio.reshape(-1), flat_m)
-            # per-step KL(old || new) estimate k3 on the ratio: r - 1 - log r
-            kl_old = ratio_sum - steps - torch.dot(torch.log(ratio).reshape(-1), flat_m)
-            # min / max over valid steps with one temporary: invalid steps hold the valid mean,
-            # which lies between the valid min and max (+-inf when there is no valid step).
-            rmin, rmax = torch.aminmax(torch.where(mask, ratio, ratio_sum / steps.clamp(min=1.0)))
-            rmin = torch.where(steps > 0, rmin, torch.inf)
-            rmax = torch.where(steps > 0, rmax, -torch.inf)
-            sums = {
-                "steps": steps,
-                # count_nonzero: bool.sum() would first copy the mask to int64 (2 NT)
-                "clip_low": _count(pg.clip_low & mask, logp.dtype) if pg.clip_low is not None else zero,
-                "clip_high": _count(pg.clip_high & mask, logp.dtype) if pg.clip_high is not None else zero,
-                "kl_old": kl_old,
-                "kl_ref": torch.dot(kl.detach().reshape(-1), flat_m) if kl is not None else zero,
-                "entropy": torch.dot(entropy.detach().reshape(-1), flat_m)
-                if entropy is not None
-                else -torch.dot(logp.detach().reshape(-1), flat_m),
-                "ratio": ratio_sum,
-                "ratio_min": rmin,
-                "ratio_max": rmax,
+            rows = {
+                "policy": pg.loss.detach(),
+                "kl": kl.detach() if kl is not None else None,
+                "entropy": entropy.detach() if entropy is not None else -logp.detach(),
+                "clip_low": pg.clip_low,
+                "clip_high": pg.clip_high,
+                "ratio": ratio,
+                "log_ratio": torch.log(ratio),
+                "logp": logp.detach(),
             }
-            policy_loss = policy_loss.detach()
-            kl_loss = kl_loss.detach()
-            entropy_value = entropy_value.detach()
-        return ObjectiveOutput(loss, policy_loss, kl_loss, entropy_value, sums)
+            stats, extremes = self._statistics(rows, mask, mf, self._weights(mf, z), logp_ref is not None)
+        return ObjectiveOutput(loss, stats, extremes)
+
+    def _fused(
+        self,
+        logp: Tensor,
+        logp_old: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        normaliser: Tensor | float,
+        logp_ref: Tensor | None,
+        entropy: Tensor | None,
+    ) -> ObjectiveOutput:
+        """The "clip" loss with the built-in KL and entropy terms, as one `_FusedLoss`.
+
+        Per valid step, with r = exp(clamp(logp - logp_old, -c, c)) and A < 0 / A >= 0 bounds
+        (lo_A, hi_A) as in `grpo.policy_losses.clip_loss`, the gradients w.r.t. logp are
+        ``-A r [lo_A <= r <= hi_A]`` (zero where the log-ratio clamp is active), for the KL
+        k1: ``1``, k2: ``-(logp_ref - logp)``, k3: ``1 - exp(d)`` (zero outside the clamp), and for
+        the entropy estimate ``-logp`` (`entropy_bonus`): ``-logp``; each times the aggregation
+        weight ``w`` (`_weights`).
+        """
+        c = self.log_ratio_clamp
+        with torch.no_grad():
+            x = logp.detach()
+            log_lo, minus_c, log_cap, log_hi = self._log_bounds(x.dtype, x.device)
+            mf = mask.to(x.dtype)
+            w = self._weights(mf, normaliser)
+            adv = advantages.unsqueeze(-1) if advantages.dim() == x.dim() - 1 else advantages
+            neg = adv < 0
+            log_ratio = x - logp_old
+            lrc = log_ratio.clamp(-c, c)
+            ratio = lrc.exp()
+            # the PPO clip and the log-ratio clamp as one clamp of the log-ratio with per-sample
+            # bounds: [-c, log(1 + eps_high)] for A >= 0, [log(1 - eps_low), log c_dual] for A < 0
+            clamped = log_ratio.clamp(torch.where(neg, log_lo, minus_c), torch.where(neg, log_cap, log_hi))
+            rc = clamped.exp()
+            neg_adv = -adv
+            pg = rc * neg_adv
+            g = torch.where(clamped == log_ratio, rc, 0.0).mul_(neg_adv)  # no gradient where clamped
+            kl = None
+            if logp_ref is not None:
+                kl, g_kl = _kl_and_grad(x, logp_ref, self.kl_estimator, c)
+                if self.kl_coeff != 0.0:
+                    g = g.add_(g_kl, alpha=self.kl_coeff)
+            g_ent = None
+            if self.entropy_coeff != 0.0:
+                if entropy is None:
+                    g = g.add_(x, alpha=self.entropy_coeff)  # d/dlogp of -c_H * lp (lp - logp - 1)
+                elif entropy.requires_grad:
+                    g_ent = w * (-self.entropy_coeff)
+            g = g.mul_(w)
+            rows = {
+                "policy": pg,
+                "kl": kl,
+                "entropy": entropy.detach() if entropy is not None else -x,
+                "clip_low": (clamped > log_ratio) & neg,  # A < 0 rows: raised to log(1 - eps_low)
+                "clip_high": (clamped < log_ratio) & (adv > 0),  # A > 0 rows: cut to log(1 + eps_high)
+                "ratio": ratio,
+                "log_ratio": lrc,
+                "logp": x,
+            }
+            stats, extremes = self._statistics(rows, mask, mf, w, logp_ref is not None)
+        loss: Tensor = _FusedLoss.apply(logp, entropy, stats[0], g, g_ent)  # type: ignore[no-untyped-call]
+        return ObjectiveOutput(loss, stats, extremes)
+
+    def _log_bounds(self, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, ...]:
+        """0-d tensors ``log(1 - eps_low)``, ``-c``, ``min(c, log c_dual)``, ``log(1 + eps_high)`` in
+        ``dtype`` (Python floats would make `torch.where` build float32 bounds)."""
+        key = ("bounds", dtype, device, self.eps_low, self.eps_high, self.dual_clip_c, self.log_ratio_clamp)
+        cached = self._cache.get("bounds")
+        if cached is None or cached[0] != key:
+            c = self.log_ratio_clamp
+            cap = c if self.dual_clip_c is None else min(c, math.log(self.dual_clip_c))
+            values = (math.log(1.0 - self.eps_low), -c, cap, math.log(1.0 + self.eps_high))
+            cached = (key, tuple(torch.tensor(v, dtype=dtype, device=device) for v in values))
+            self._cache["bounds"] = cached
+        bounds: tuple[Tensor, ...] = cached[1]
+        return bounds
+
+    def _weights(self, mf: Tensor, normaliser: Tensor | float) -> Tensor:
+        """Per-step aggregation weights ``w`` with ``aggregate(l) = sum(w * l)``: ``m / Z``, or
+        ``m / (n_i Z)`` for "seq-mean-token-mean" (n_i valid steps of sample i). (n, T)."""
+        if self.aggregation == "seq-mean-token-mean":
+            return mf / (mf.sum(-1, keepdim=True).clamp_(min=1.0) * normaliser)
+        return mf / normaliser
+
+    def _statistics(
+        self, rows: dict[str, Tensor | None], mask: Tensor, mf: Tensor, w: Tensor, has_ref: bool
+    ) -> tuple[Tensor, Tensor]:
+        """``stats`` and ``extremes`` of `ObjectiveOutput` from the detached per-step values.
+
+        One matrix product does every reduction: the (9, nT) stack of per-step values (`_ROWS`)
+        times the weights and the mask gives the aggregated terms and the masked sums, and a
+        fixed (2 * 9, len(STAT_NAMES)) matrix maps those to the stats (the loss is
+        ``policy + beta kl - c_H entropy``, ``kl_old = sum rho - steps - sum log rho``).
+        """
+        dtype = torch.promote_types(mf.dtype, torch.float32)
+        ratio = rows["ratio"]
+        assert ratio is not None
+        values = [rows[k] if k != "mask" else mf for k in _ROWS]
+        stack = torch.stack(
+            [v.to(dtype) if v is not None else torch.zeros_like(mf, dtype=dtype) for v in values]
+        ).view(len(_ROWS), -1)
+        weights = torch.stack([w, mf]).to(dtype).view(2, -1)
+        reduced = (weights @ stack.T).view(-1)  # (2 * 9,): weighted sums, then masked sums
+        stats = reduced @ self._projection(dtype, reduced.device, has_ref)
+        signed = torch.stack([-ratio, ratio]).to(dtype)
+        extremes = torch.where(mask, signed, -torch.inf).view(2, -1).amax(1)
+        return stats, extremes
+
+    def _projection(self, dtype: torch.dtype, device: torch.device, has_ref: bool) -> Tensor:
+        key = ("projection", dtype, device, has_ref, self.kl_coeff, self.entropy_coeff)
+        cached = self._cache.get("projection")
+        if cached is not None and cached[0] == key:
+            proj: Tensor = cached[1]
+            return proj
+        k = len(_ROWS)
+        col = {name: i for i, name in enumerate(STAT_NAMES)}
+        row = {name: i for i, name in enumerate(_ROWS)}
+        p = torch.zeros(2 * k, len(STAT_NAMES), dtype=torch.float64)
+        p[row["policy"], col["loss"]] = 1.0
+        if has_ref:
+            p[row["kl"], col["loss"]] = self.kl_coeff
+        p[row["entropy"], col["loss"]] = -self.entropy_coeff
+        for term, name in (("policy", "policy_loss"), ("kl", "kl_loss"), ("entropy", "entropy")):
+            p[row[term], col[name]] = 1.0
+        for term, name in (
+            ("mask", "steps"), ("clip_low", "clip_low"), ("clip_high", "clip_high"), ("kl", "kl_ref"),
+            ("entropy", "entropy_sum"), ("ratio", "ratio_sum"),
+        ):  # fmt: skip
+            p[k + row[term], col[name]] = 1.0
+        p[k + row["ratio"], col["kl_old"]] = 1.0
+        p[k + row["mask"], col["kl_old"]] = -1.0
+        p[k + row["log_ratio"], col["kl_old"]] = -1.0
+        proj = p.to(dtype=dtype, device=device)
+        self._cache["projection"] = (key, proj)
+        return proj
+
+
+def _kl_and_grad(x: Tensor, logp_ref: Tensor, estimator: str, clamp: float) -> tuple[Tensor, Tensor]:
+    """Per-step KL estimate and its derivative w.r.t. logp (`grpo.kl.kl_estimate`), no grad."""
+    d = logp_ref - x
+    if estimator == "k1":
+        return -d, torch.ones_like(x)
+    if estimator == "k2":
+        return 0.5 * d * d, -d
+    dc = d.clamp(-clamp, clamp)
+    e = torch.expm1(dc)
+    return e - dc, torch.where(dc == d, e, 0.0).neg_()

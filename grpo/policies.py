@@ -139,6 +139,10 @@ class DistributionPolicy(nn.Module):
         self, states: Any, num_actions_per_state: int, **kwargs: Any
     ) -> tuple[Tensor, PolicyOutput]:
         """Sample (B, G, *event) actions and their (B*G,) log-probs from one forward per state."""
+        table = self._log_prob_table(states)
+        if table is not None:  # as Categorical.sample: multinomial with replacement on the probs
+            actions = torch.multinomial(table.exp(), num_actions_per_state, replacement=True)  # (B, G)
+            return actions, PolicyOutput(table.gather(1, actions).reshape(-1))
         dist = self.distribution(states)
         samples = dist.sample((num_actions_per_state,))  # (G, B, *event)
         logp = dist.log_prob(samples).transpose(0, 1).reshape(-1)  # (B*G,)
@@ -151,6 +155,18 @@ class DistributionPolicy(nn.Module):
     def get_parameters(self) -> dict[str, Tensor]:
         return dict(self.named_parameters())
 
+    def _log_prob_table(self, states: Any) -> Tensor | None:
+        """(B, K) log-probabilities of every action when the network is the ready `CategoricalMLP`
+        (exactly that class: a subclass may change ``forward``) and `distribution` is not
+        overridden, else None. Same numbers as its Categorical without building the distribution
+        object (per-call overhead on small nets)."""
+        if (
+            type(self.net) is not CategoricalMLP
+            or type(self).distribution is not DistributionPolicy.distribution
+        ):
+            return None
+        return torch.log_softmax(self.net.net(self._as_tensor(states)), -1)
+
     # ---- capability: grouped evaluation with exact entropy --------------------------------
     def evaluate_actions(
         self, states: Any, actions: Any, *, group_size: int = 1, with_entropy: bool = False
@@ -160,6 +176,9 @@ class DistributionPolicy(nn.Module):
         With ``group_size=G``, ``states`` is (N/G, ...) and ``actions`` (N, *event) group-major:
         the network runs once per state and the G actions are scored against its output.
         """
+        table = self._log_prob_table(states)
+        if table is not None:
+            return _table_evaluate(table, torch.as_tensor(actions), group_size, with_entropy)
         dist = self.distribution(states)
         a = torch.as_tensor(actions)
         if type(dist) is Categorical:
@@ -196,6 +215,19 @@ def _categorical_evaluate(
     if with_entropy:
         # as Categorical.entropy: clamp -inf logits (p = 0) so that 0 * log 0 counts as 0
         ent = -(dist.probs * logits.clamp(min=torch.finfo(logits.dtype).min)).sum(-1)
+        if group_size > 1:
+            ent = ent.repeat_interleave(group_size)
+    return PolicyOutput(logp, entropy=ent)
+
+
+def _table_evaluate(table: Tensor, actions: Tensor, group_size: int, with_entropy: bool) -> PolicyOutput:
+    """Log-probs (B*G,) of group-major ``actions`` and exact entropies from a (B, K) log-prob
+    table: ``H = -sum_k p_k log p_k`` (the table is finite: it comes from finite logits)."""
+    b = table.shape[0]
+    logp = table.gather(1, actions.long().reshape(b, -1)).reshape(-1)
+    ent = None
+    if with_entropy:
+        ent = (table.exp() * table).sum(-1).neg_()
         if group_size > 1:
             ent = ent.repeat_interleave(group_size)
     return PolicyOutput(logp, entropy=ent)

@@ -45,7 +45,7 @@ from grpo.experience_collector import (
     same_device,
     select_rows,
 )
-from grpo.grpo_objective import GRPOObjective, ObjectiveOutput
+from grpo.grpo_objective import STAT_NAMES, GRPOObjective, ObjectiveOutput
 from grpo.kl import KLFn
 from grpo.lr_schedules import build_scheduler
 from grpo.optim import clip_grad_norm, default_optimizer
@@ -68,7 +68,28 @@ __all__ = ["GRPOConfig", "GRPOTrainer"]
 
 logger = logging.getLogger(__name__)
 
-_SUM_KEYS = ("steps", "clip_low", "clip_high", "kl_old", "kl_ref", "entropy", "ratio")
+_N_LOSSES = 4  # STAT_NAMES[:4]: loss, policy_loss, kl_loss, entropy (aggregated like the loss)
+_STEPS = STAT_NAMES.index("steps")
+# update() metrics in the order of its values vector: the aggregated losses (mean over optimizer
+# steps), the sums of STAT_NAMES after "steps" divided by the valid steps, the ratio extremes, the
+# gradient norm (mean over optimizer steps) and the non-finite step counter
+_UPDATE_METRICS = (
+    "loss/total",
+    "loss/policy",
+    "loss/kl",
+    "loss/entropy",
+    "clip/frac_low",
+    "clip/frac_high",
+    "kl/old",
+    "kl/ref",
+    "policy/entropy",
+    "ratio/mean",
+    "ratio/min",
+    "ratio/max",
+    "grad/norm",
+    "optim/non_finite_steps",
+)
+assert STAT_NAMES[_STEPS + 1 :] == ("clip_low", "clip_high", "kl_old", "kl_ref", "entropy_sum", "ratio_sum")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -356,10 +377,9 @@ class GRPOTrainer:
         uniform = batch.group_size
         device = self.device
         zero = torch.zeros((), device=device)
-        sums = dict.fromkeys(_SUM_KEYS, zero)
-        ratio_min = torch.full((), torch.inf, device=device)
-        ratio_max = torch.full((), -torch.inf, device=device)
-        loss_sum = pol_sum = kl_sum = ent_sum = grad_sum = zero
+        total: Tensor | float = 0.0  # sum over optimizer steps of the objective's stats vector
+        extremes = torch.full((2,), -torch.inf, device=device)  # (-min ratio, max ratio)
+        grad_sum = zero
         n_opt = 0
         params_changed = False
 
@@ -381,19 +401,17 @@ class GRPOTrainer:
                     step_mask = self._loss_mask(batch, select_rows(batch.mask, step_rows), step_rows)
                     normaliser = self.distributed.global_normaliser(normaliser, step_mask)
                 self.optimizer.zero_grad(set_to_none=True)
-                parts = [zero, zero, zero, zero]  # total, policy, kl, entropy of this step
+                step_stats: Tensor | float = 0.0  # the objective's stats, summed over micro-batches
                 deferred = zero
                 for m_start in range(0, _count(step_groups, num_groups), micro):
                     groups = _sub(step_groups, m_start, micro, num_groups)
                     rows = _rows_of(batch, groups, uniform, device)
                     out, mask = self._micro_step(batch, rows, groups, normaliser, params_changed)
-                    parts = [a + b for a, b in zip(parts, out[:4], strict=True)]
-                    for k in _SUM_KEYS:
-                        sums[k] = sums[k] + out.sums[k]
-                    ratio_min = torch.minimum(ratio_min, out.sums["ratio_min"])
-                    ratio_max = torch.maximum(ratio_max, out.sums["ratio_max"])
+                    step_stats = out.stats if isinstance(step_stats, float) else step_stats + out.stats
+                    extremes = torch.maximum(extremes, out.extremes)
                     if normaliser is None:
                         deferred = deferred + self.objective.normaliser(mask)
+                assert isinstance(step_stats, Tensor)
                 if normaliser is None:
                     # The mask was unknown before the forwards: the micro-batch losses were sums,
                     # so dividing gradients and losses by the step's normaliser now is exact.
@@ -402,12 +420,10 @@ class GRPOTrainer:
                     grads = [p.grad for p in self.params if p.grad is not None]
                     if grads:
                         torch._foreach_div_(grads, deferred)
-                    parts = [x / deferred for x in parts]
-                loss_sum, pol_sum, kl_sum, ent_sum = (
-                    a + b for a, b in zip((loss_sum, pol_sum, kl_sum, ent_sum), parts, strict=True)
-                )
+                    step_stats = torch.cat([step_stats[:_N_LOSSES] / deferred, step_stats[_N_LOSSES:]])
+                total = step_stats if isinstance(total, float) else total + step_stats
                 n_opt += 1
-                grad_sum = grad_sum + self._clip_and_step(parts[0].detach())
+                grad_sum = grad_sum + self._clip_and_step(step_stats[0])
                 if self._failed_update is not None:
                     break
                 params_changed = True
@@ -416,24 +432,19 @@ class GRPOTrainer:
         if self._failed_update is not None:
             self._contain_non_finite(snapshot, *self._failed_update)
 
-        self._valid_steps = sums["steps"]  # weight of this rank's metrics across processes
-        steps = sums["steps"].clamp(min=1.0)
-        return {
-            "loss/total": loss_sum / n_opt,
-            "loss/policy": pol_sum / n_opt,
-            "loss/kl": kl_sum / n_opt,
-            "loss/entropy": ent_sum / n_opt,
-            "policy/entropy": sums["entropy"] / steps,
-            "kl/ref": sums["kl_ref"] / steps,
-            "kl/old": sums["kl_old"] / steps,
-            "clip/frac_low": sums["clip_low"] / steps,
-            "clip/frac_high": sums["clip_high"] / steps,
-            "ratio/mean": sums["ratio"] / steps,
-            "ratio/min": ratio_min,
-            "ratio/max": ratio_max,
-            "grad/norm": grad_sum / n_opt,
-            "optim/non_finite_steps": torch.full((), float(self.non_finite_steps), device=device),
-        }
+        assert isinstance(total, Tensor)
+        self._valid_steps = total[_STEPS]  # weight of this rank's metrics across processes
+        non_finite = torch.full((), float(self.non_finite_steps), device=device)
+        counters = torch.stack([grad_sum / n_opt, non_finite])
+        values = torch.cat(
+            [
+                total[:_N_LOSSES] / n_opt,
+                total[_N_LOSSES + 1 :] / total[_STEPS].clamp(min=1.0),
+                extremes * extremes.new_tensor([-1.0, 1.0]),
+                counters.to(total.dtype),
+            ]
+        )
+        return dict(zip(_UPDATE_METRICS, values.unbind(), strict=True))
 
     def _normaliser(self, batch: ExperienceBatch, rows: Tensor | None) -> Tensor | None:
         """The aggregation normaliser of one optimizer step, or None if the mask is not known yet."""
@@ -457,6 +468,7 @@ class GRPOTrainer:
             groups=groups,
             with_entropy=self._exact_entropy,
             device=self.device,
+            check_inf=False,  # checked at collection; here a non-finite loss is contained instead
         )
         logp = lp.log_probs
         if not logp.requires_grad:

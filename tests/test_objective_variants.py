@@ -338,3 +338,91 @@ def test_errors_name_the_fix():
     x = torch.zeros(2, 3, requires_grad=True)
     with pytest.raises(ValueError, match=r"loss_fn returned \(\); expected a per-step loss"):
         obj(x, x.detach(), torch.zeros(2), torch.ones(2, 3, dtype=torch.bool), 1.0)
+
+
+# ---- the fused "clip" path against the composed one -------------------------------------------
+def _composed(**kw):
+    """The same objective forced onto the composed (autograd) path via a user loss_fn."""
+    lo, hi, dual = kw["clip_epsilon"], kw["clip_epsilon_high"], kw.get("dual_clip_c")
+
+    def loss_fn(logp, old, adv, mask):
+        return clip_loss(logp, old, adv, mask, eps_low=lo, eps_high=hi, dual_clip_c=dual)
+
+    return GRPOObjective(loss_fn=loss_fn, **kw)
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+@pytest.mark.parametrize("kl_est", ["k1", "k2", "k3"])
+@pytest.mark.parametrize(
+    ("entropy_kind", "kl_coeff", "with_ref", "dual"),
+    [
+        ("mc", 0.1, True, None),  # Monte Carlo entropy estimate: its gradient -logp grad(logp)
+        ("exact_grad", 0.1, True, 3.0),  # exact entropy that carries gradient of its own
+        ("exact_const", 0.0, True, None),  # KL for metrics only, no KL term
+        ("mc", 0.1, False, 3.0),  # no reference
+    ],
+)
+def test_fused_clip_path_equals_composed_path(agg, kl_est, entropy_kind, kl_coeff, with_ref, dual):
+    logp, old, ref, adv, mask, ent = random_inputs(seed=3, spread=1.5)
+    old[0, 0] = logp[0, 0] - 30.0  # a log-ratio beyond the clamp (20): no gradient through it
+    kw = {
+        "clip_epsilon": EPS_LO, "clip_epsilon_high": EPS_HI, "kl_coeff": kl_coeff, "kl_estimator": kl_est,
+        "entropy_coeff": 0.01, "aggregation": agg, "loss_normaliser": C_NORM, "dual_clip_c": dual,
+    }  # fmt: skip
+    results = []
+    for obj in (GRPOObjective(**kw), _composed(**kw)):
+        x = logp.clone().requires_grad_(True)
+        h = ent.clone().requires_grad_(entropy_kind == "exact_grad")
+        out = obj(
+            x, old, adv, mask, obj.normaliser(mask),
+            logp_ref=ref if with_ref else None, entropy=None if entropy_kind == "mc" else h,
+        )  # fmt: skip
+        inputs = [x, h] if entropy_kind == "exact_grad" else [x]
+        grads = torch.autograd.grad(out.loss, inputs)
+        results.append((out, grads))
+    (fused, g_fused), (composed, g_composed) = results
+    torch.testing.assert_close(fused.loss, composed.loss, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(fused.stats, composed.stats, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(fused.extremes, composed.extremes, atol=0, rtol=0)
+    for a, b in zip(g_fused, g_composed, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+    assert float(g_fused[0][0, 0]) == pytest.approx(
+        float(
+            (kl_coeff * _kl_grad(kl_est, logp, ref)[0, 0] if with_ref else 0.0)
+            + _ent_grad(entropy_kind, logp)[0, 0]
+        )
+        * float(_weight(agg, mask)[0, 0]),
+        abs=1e-12,
+    )
+
+
+def _kl_grad(est, logp, ref):
+    d = ref - logp
+    return {"k1": torch.ones_like(d), "k2": -d, "k3": 1 - torch.exp(d)}[est]
+
+
+def _ent_grad(kind, logp):
+    return 0.01 * logp if kind == "mc" else torch.zeros_like(logp)
+
+
+def _weight(agg, mask):
+    m = mask.to(D)
+    seqs = float(mask.any(-1).sum())
+    if agg == "token-mean":
+        return m / m.sum()
+    if agg == "seq-mean-token-mean":
+        return m / m.sum(-1, keepdim=True).clamp(min=1) / seqs
+    return m / seqs / (C_NORM if agg == "seq-mean-token-sum-norm" else 1.0)
+
+
+def test_entropy_estimate_gradient_in_the_objective_is_minus_logp_times_coefficient():
+    """MC entropy bonus alone: d loss / d logp = +c_H logp / Z on valid steps (loss = -c_H H)."""
+    logp = torch.tensor([[-0.5, -2.0], [-1.0, -3.0]], dtype=D, requires_grad=True)
+    mask = torch.tensor([[True, True], [True, False]])
+    obj = GRPOObjective(entropy_coeff=0.5)
+    out = obj(logp, logp.detach(), torch.zeros(2, dtype=D), mask, 3.0)
+    (g,) = torch.autograd.grad(out.loss, logp)
+    want = torch.tensor([[-0.25, -1.0], [-0.5, 0.0]], dtype=D) / 3.0
+    torch.testing.assert_close(g, want, atol=1e-15, rtol=0)
+    assert float(out.loss.detach()) == pytest.approx(-0.5 * (0.5 + 2.0 + 1.0) / 3.0)  # -c_H * mean(-logp)
+    assert float(out.entropy) == pytest.approx((0.5 + 2.0 + 1.0) / 3.0)

@@ -67,3 +67,19 @@ def test_list_of_tensor_states_are_stacked() -> None:
 
     policy = DistributionPolicy(Uniform())
     assert policy.generate_actions([torch.zeros(2), torch.ones(2)], 4).shape == (2, 4)
+
+
+def test_categorical_sampling_path_draws_what_categorical_draws() -> None:
+    """The ready categorical policy samples without building a Categorical: same draws, same
+    log-probs as ``Categorical.sample`` under the same seed."""
+    torch.manual_seed(0)
+    policy = categorical_mlp(5, 4)
+    states = torch.randn(6, 5)
+    torch.manual_seed(1)
+    actions, out = policy.generate_actions_with_log_probs(states, 8)
+    torch.manual_seed(1)
+    dist = policy.distribution(states)
+    expected = dist.sample((8,)).T  # (B, G)
+    assert torch.equal(actions, expected)
+    want = dist.log_prob(expected.T).T.reshape(-1)
+    assert torch.allclose(out.log_probs, want, atol=1e-6)

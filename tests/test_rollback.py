@@ -22,7 +22,9 @@ from grpo.policies import CategoricalMLP, DistributionPolicy
 class FaultyPolicy(DistributionPolicy):
     """A categorical MLP policy that corrupts its ``fault_at``-th training forward.
 
-    ``fault="loss"``: NaN log-probs (the loss is NaN, the gradient finite); ``"grad"``: finite
+    ``fault="loss"``: NaN log-probs (the loss is NaN, the gradient finite); ``"+inf"`` / ``"-inf"``:
+    one infinite log-prob (the clamped ratio and KL stay finite; the objective makes the loss
+    non-finite all the same); ``"grad"``: finite
     log-probs but a NaN gradient; ``"shape"``: log-probs with one more step than at collection.
     """
 
@@ -44,6 +46,10 @@ class FaultyPolicy(DistributionPolicy):
             return out
         if self.fault == "loss":
             return PolicyOutput(out.log_probs + torch.nan, entropy=out.entropy)
+        if self.fault in ("+inf", "-inf"):  # one valid step; collection saw finite values
+            bad = torch.zeros_like(out.log_probs)
+            bad[1] = torch.inf if self.fault == "+inf" else -torch.inf
+            return PolicyOutput(out.log_probs + bad, entropy=out.entropy)
         if self.fault == "grad":
             logp = out.log_probs.clone()
             logp.register_hook(lambda g: g * torch.nan)
@@ -84,7 +90,7 @@ def _faulty_trainer(
     return trainer, policy
 
 
-@pytest.mark.parametrize("fault", ["loss", "grad"])
+@pytest.mark.parametrize("fault", ["loss", "+inf", "-inf", "grad"])
 @pytest.mark.parametrize(
     ("cfg", "fault_call"),
     [(MULTI, 3), (SINGLE, 1)],
