@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from grpo.advantage_estimator import uniform_group_ids
-from grpo.policy_base import PolicyModel, PolicyOutput, has_method
+from grpo.policy_base import PolicyModel, PolicyOutput, has_method, set_training_mode
 from grpo.reward_guard import call_reward
 from grpo.reward_model_base import FunctionReward, RewardModel
 
@@ -480,7 +480,7 @@ class ExperienceCollector:
         timings: dict[str, float] = {}
         with torch.no_grad():
             t0 = time.perf_counter()
-            self.policy.eval()
+            set_training_mode(self.policy, False)
             behaviour: Tensor | PolicyOutput | None = None
             if self.record_old_log_probs and has_method(self.policy, "generate_actions_with_log_probs"):
                 raw_actions, behaviour = self.policy.generate_actions_with_log_probs(  # type: ignore[attr-defined]
@@ -520,7 +520,7 @@ class ExperienceCollector:
                     old = evaluate_log_probs(self.policy, batch, device=self.device)
                 batch.old_log_probs, batch.mask = old.log_probs.detach(), old.mask
             if self.reference_policy is not None:
-                self.reference_policy.eval()
+                set_training_mode(self.reference_policy, False)
                 ref = evaluate_log_probs(self.reference_policy, batch, device=self.device)
                 batch.ref_log_probs = ref.log_probs.detach()
                 if batch.mask is None:

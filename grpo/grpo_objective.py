@@ -369,7 +369,7 @@ class GRPOObjective:
         """
         c = self.log_ratio_clamp
         with torch.no_grad():
-            x = logp.detach()
+            x = logp  # no graph is recorded under no_grad
             log_lo, minus_c, log_cap, log_hi = self._log_bounds(x.dtype, x.device)
             mf = mask.to(x.dtype)
             w = self._weights(mf, normaliser)
@@ -384,12 +384,16 @@ class GRPOObjective:
             rc = clamped.exp()
             neg_adv = -adv
             pg = rc * neg_adv
-            g = torch.where(clamped == log_ratio, rc, 0.0).mul_(neg_adv)  # no gradient where clamped
+            g = torch.where(clamped == log_ratio, pg, 0.0)  # d pg / d logp: no gradient where clamped
             kl = None
             if logp_ref is not None:
-                kl, g_kl = _kl_and_grad(x, logp_ref, self.kl_estimator, c)
+                kl, minus_grad = _kl_and_minus_grad(x, logp_ref, self.kl_estimator, c)
                 if self.kl_coeff != 0.0:
-                    g = g.add_(g_kl, alpha=self.kl_coeff)
+                    g = (
+                        g.sub_(minus_grad, alpha=self.kl_coeff)
+                        if minus_grad is not None
+                        else g.add_(self.kl_coeff)
+                    )
             g_ent = None
             if self.entropy_coeff != 0.0:
                 if entropy is None:
@@ -400,7 +404,7 @@ class GRPOObjective:
             rows = {
                 "policy": pg,
                 "kl": kl,
-                "entropy": entropy.detach() if entropy is not None else -x,
+                "entropy": entropy if entropy is not None else -x,
                 "clip_low": (clamped > log_ratio) & neg,  # A < 0 rows: raised to log(1 - eps_low)
                 "clip_high": (clamped < log_ratio) & (adv > 0),  # A > 0 rows: cut to log(1 + eps_high)
                 "ratio": ratio,
@@ -442,14 +446,18 @@ class GRPOObjective:
         fixed (2 * 9, len(STAT_NAMES)) matrix maps those to the stats (the loss is
         ``policy + beta kl - c_H entropy``, ``kl_old = sum rho - steps - sum log rho``).
         """
-        dtype = torch.promote_types(mf.dtype, torch.float32)
+        dtype = mf.dtype if mf.dtype in (torch.float32, torch.float64) else torch.float32
         ratio = rows["ratio"]
         assert ratio is not None
         values = [rows[k] if k != "mask" else mf for k in _ROWS]
         stack = torch.stack(
-            [v.to(dtype) if v is not None else torch.zeros_like(mf, dtype=dtype) for v in values]
+            [
+                torch.zeros_like(mf, dtype=dtype) if v is None else v if v.dtype == dtype else v.to(dtype)
+                for v in values
+            ]
         ).view(len(_ROWS), -1)
-        weights = torch.stack([w, mf]).to(dtype).view(2, -1)
+        weights = torch.stack([w, mf])
+        weights = (weights if weights.dtype == dtype else weights.to(dtype)).view(2, -1)
         reduced = (weights @ stack.T).view(-1)  # (2 * 9,): weighted sums, then masked sums
         stats = reduced @ self._projection(dtype, reduced.device, has_ref)
         signed = torch.stack([-ratio, ratio]).to(dtype)
@@ -485,13 +493,16 @@ class GRPOObjective:
         return proj
 
 
-def _kl_and_grad(x: Tensor, logp_ref: Tensor, estimator: str, clamp: float) -> tuple[Tensor, Tensor]:
-    """Per-step KL estimate and its derivative w.r.t. logp (`grpo.kl.kl_estimate`), no grad."""
+def _kl_and_minus_grad(
+    x: Tensor, logp_ref: Tensor, estimator: str, clamp: float
+) -> tuple[Tensor, Tensor | None]:
+    """Per-step KL estimate (`grpo.kl.kl_estimate`) and minus its derivative w.r.t. logp (None for
+    k1, whose derivative is the constant 1). Call under no_grad."""
     d = logp_ref - x
     if estimator == "k1":
-        return -d, torch.ones_like(x)
+        return -d, None
     if estimator == "k2":
-        return 0.5 * d * d, -d
+        return 0.5 * d * d, d
     dc = d.clamp(-clamp, clamp)
     e = torch.expm1(dc)
-    return e - dc, torch.where(dc == d, e, 0.0).neg_()
+    return e - dc, torch.where(dc == d, e, 0.0)  # d k3 / d logp = 1 - exp(d) = -expm1(d)

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from torch import Tensor
+from torch import Tensor, nn
 
 __all__ = [
     "PolicyModel",
@@ -123,6 +123,28 @@ def has_method(obj: object, name: str) -> bool:
     """Fast capability test (a runtime Protocol ``isinstance`` is slow on the hot path)."""
     return callable(getattr(obj, name, None))
 
+
+def set_training_mode(obj: Any, training: bool) -> None:
+    """``obj.train()`` or ``obj.eval()``, cheaper for a plain ``nn.Module`` tree.
+
+    When no module of the tree overrides ``nn.Module.train``, setting each module's ``training``
+    flag is exactly what ``train(mode)`` does, without its recursion through ``__setattr__``
+    (tens of microseconds per call on a small policy, three calls per step). Anything else (a
+    module with its own ``train``, a non-module policy) gets its own method called.
+    """
+    if isinstance(obj, nn.Module):
+        modules = list(obj.modules())
+        if all(type(m).train is _MODULE_TRAIN for m in modules):
+            for m in modules:
+                m.__dict__["training"] = training
+            return
+    if training:
+        obj.train()
+    else:
+        obj.eval()
+
+
+_MODULE_TRAIN = nn.Module.train
 
 _POLICY_SIGNATURES = {
     "generate_actions": "generate_actions(self, states, num_actions_per_state: int, **kwargs)"

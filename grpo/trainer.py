@@ -54,6 +54,7 @@ from grpo.policy_base import (
     check_policy,
     has_method,
     policy_parameters,
+    set_training_mode,
 )
 from grpo.policy_losses import PolicyLossFn
 from grpo.reward_model_base import RewardModel, as_reward_model
@@ -383,7 +384,7 @@ class GRPOTrainer:
         n_opt = 0
         params_changed = False
 
-        self.policy.train()
+        set_training_mode(self.policy, True)
         self._failed_update: tuple[float, float] | None = None
         multi = cfg.optimizer_steps_per_step > 1
         snapshot: UpdateSnapshot | None = None

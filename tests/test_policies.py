@@ -83,3 +83,40 @@ def test_categorical_sampling_path_draws_what_categorical_draws() -> None:
     assert torch.equal(actions, expected)
     want = dist.log_prob(expected.T).T.reshape(-1)
     assert torch.allclose(out.log_probs, want, atol=1e-6)
+
+
+def test_set_training_mode_matches_train_and_respects_overrides() -> None:
+    from grpo.policy_base import set_training_mode
+
+    net = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5), nn.Sequential(nn.Tanh()))
+    set_training_mode(net, False)
+    assert [m.training for m in net.modules()] == [False] * 5
+    set_training_mode(net, True)
+    assert [m.training for m in net.modules()] == [True] * 5
+
+    calls: list[bool] = []
+
+    class Frozen(nn.Module):  # overrides train(): must be called, not bypassed
+        def train(self, mode: bool = True) -> "Frozen":
+            calls.append(mode)
+            return super().train(False)
+
+    outer = nn.Sequential(nn.Linear(2, 2), Frozen())
+    set_training_mode(outer, True)
+    assert calls == [True]
+    assert outer[1].training is False
+
+    class Plain:  # not a module: its own train() / eval()
+        mode = "unset"
+
+        def train(self) -> None:
+            self.mode = "train"
+
+        def eval(self) -> None:
+            self.mode = "eval"
+
+    obj = Plain()
+    set_training_mode(obj, False)
+    assert obj.mode == "eval"
+    set_training_mode(obj, True)
+    assert obj.mode == "train"
