@@ -93,9 +93,14 @@ def group_adv(rewards: Tensor) -> Tensor:
     return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-6)).flatten()
 
 
+# The hand-written loops' optimizer: torch's default AdamW ("default": the for-loop implementation
+# on CPU), or the fused one the trainer uses by default ("fused", --hand-optimizer fused).
+HAND_OPTIMIZER: dict[str, Any] = {}
+
+
 def hand_step_factory(policy: TensorPolicy, task: Task, list_form: bool) -> Callable[[Tensor], float]:
     ref = copy.deepcopy(policy).requires_grad_(False)
-    opt = torch.optim.AdamW(policy.parameters(), lr=LR, weight_decay=0.0)
+    opt = torch.optim.AdamW(policy.parameters(), lr=LR, weight_decay=0.0, **HAND_OPTIMIZER)
 
     def step(states: Tensor) -> float:
         with torch.no_grad():
@@ -126,7 +131,7 @@ def hand_step_factory(policy: TensorPolicy, task: Task, list_form: bool) -> Call
 def efficient_hand_step_factory(net: nn.Module, task: Task) -> Callable[[Tensor], float]:
     """The most efficient hand-written loop: the network runs once per state, G actions gathered."""
     ref = copy.deepcopy(net).requires_grad_(False)
-    opt = torch.optim.AdamW(net.parameters(), lr=LR, weight_decay=0.0)
+    opt = torch.optim.AdamW(net.parameters(), lr=LR, weight_decay=0.0, **HAND_OPTIMIZER)
 
     def step(states: Tensor) -> float:
         with torch.no_grad():
@@ -205,12 +210,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=20, help="steps per timed run")
     parser.add_argument("--repeats", type=int, default=15, help="alternating timed runs per side")
+    parser.add_argument(
+        "--hand-optimizer",
+        choices=["default", "fused"],
+        default="default",
+        help="AdamW of the hand-written loops: torch's default (for-loop on CPU) or fused, as the trainer",
+    )
     args = parser.parse_args()
+    if args.hand_optimizer == "fused":
+        HAND_OPTIMIZER["fused"] = True
     torch.set_num_threads(1)
     task = Task()
     print(
         f"contextual bandit B={B} G={G} epochs={EPOCHS} KL on, MLP {DIM}-64-64-{ARMS}, 1 torch thread, "
-        f"torch {torch.__version__}"
+        f"torch {torch.__version__}, hand-written loops' AdamW: {args.hand_optimizer}"
     )
 
     torch.manual_seed(0)

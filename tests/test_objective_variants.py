@@ -426,3 +426,29 @@ def test_entropy_estimate_gradient_in_the_objective_is_minus_logp_times_coeffici
     torch.testing.assert_close(g, want, atol=1e-15, rtol=0)
     assert float(out.loss.detach()) == pytest.approx(-0.5 * (0.5 + 2.0 + 1.0) / 3.0)  # -c_H * mean(-logp)
     assert float(out.entropy) == pytest.approx((0.5 + 2.0 + 1.0) / 3.0)
+
+
+def test_large_inputs_take_the_dot_product_statistics_and_agree() -> None:
+    """Above `_SMALL` elements the statistics are per-row dot products, not one matrix product:
+    same stats, extremes, loss and gradient as the composed path."""
+    from grpo.grpo_objective import _SMALL
+
+    n, t = 300, 128
+    assert n * t > _SMALL
+    logp, old, ref, adv, mask, _ = random_inputs(n=n, t=t, seed=5, spread=1.0)
+    kw = {"clip_epsilon": EPS_LO, "clip_epsilon_high": EPS_HI, "kl_coeff": 0.1, "entropy_coeff": 0.01}
+    results = []
+    for obj in (GRPOObjective(**kw), _composed(**kw)):
+        x = logp.clone().requires_grad_(True)
+        out = obj(x, old, adv, mask, obj.normaliser(mask), logp_ref=ref)
+        results.append((out, torch.autograd.grad(out.loss, x)[0]))
+    (fused, g_fused), (composed, g_composed) = results
+    torch.testing.assert_close(fused.stats, composed.stats, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(fused.extremes, composed.extremes, atol=0, rtol=0)
+    torch.testing.assert_close(g_fused, g_composed, atol=1e-12, rtol=1e-10)
+    m = mask.to(D)
+    ratio = torch.exp(logp - old)
+    assert float(fused.sums["steps"]) == float(m.sum())
+    assert float(fused.sums["ratio"]) == pytest.approx(float((ratio * m).sum()), rel=1e-12)
+    assert float(fused.sums["ratio_max"]) == pytest.approx(float(ratio[mask].max()), rel=1e-12)
+    assert float(fused.sums["ratio_min"]) == pytest.approx(float(ratio[mask].min()), rel=1e-12)
