@@ -256,6 +256,10 @@ def test_example_runs_under_torchrun() -> None:
         str(ROOT / "examples" / "distributed_bandit.py"), "--steps", "3", "--log-every", "1",
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    if proc.returncode != 0 and "terminate called without an active exception" in proc.stderr:
+        # gloo's C++ threads can abort a rank at interpreter teardown after all its work is done
+        # (see distributed_toys._entry); a real failure fails the second run too
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("step")]
     assert len(lines) == 3, proc.stdout  # printed by rank 0 only
