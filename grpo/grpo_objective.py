@@ -345,7 +345,7 @@ class GRPOObjective:
             rows = {
                 "policy": pg.loss.detach(),
                 "kl": kl.detach() if kl is not None else None,
-                "entropy": entropy.detach() if entropy is not None else -logp.detach(),
+                "entropy": entropy.detach() if entropy is not None else logp.detach(),  # sign below
                 "clip_low": pg.clip_low,
                 "clip_high": pg.clip_high,
                 "ratio": ratio,
@@ -355,7 +355,9 @@ class GRPOObjective:
                 else torch.log(ratio),
                 "logp": logp.detach(),
             }
-            stats, extremes = self._statistics(rows, mask, mf, self._weights(mf, z), logp_ref is not None)
+            stats, extremes = self._statistics(
+                rows, mask, mf, self._weights(mf, z), z, logp_ref is not None, entropy is None
+            )
         return ObjectiveOutput(loss, stats, extremes)
 
     def _fused(
@@ -382,7 +384,7 @@ class GRPOObjective:
             x = logp  # no graph is recorded under no_grad
             log_lo, minus_c, log_cap, log_hi = self._log_bounds(x.dtype, x.device)
             mf = mask.to(x.dtype)
-            w = self._weights(mf, normaliser)
+            w = self._weights(mf, normaliser)  # None: the weight is mf / normaliser
             adv = advantages.unsqueeze(-1) if advantages.dim() == x.dim() - 1 else advantages
             neg = adv < 0
             log_ratio = x - logp_old
@@ -413,19 +415,25 @@ class GRPOObjective:
                 if entropy is None:
                     g = g.add_(x, alpha=self.entropy_coeff)  # d/dlogp of -c_H * lp (lp - logp - 1)
                 elif entropy.requires_grad:
-                    g_ent = w * (-self.entropy_coeff)
-            g = g.mul_(w)
+                    g_ent = (
+                        (mf * -self.entropy_coeff).div_(normaliser)
+                        if w is None
+                        else w * (-self.entropy_coeff)
+                    )
+            g = g.mul_(mf).div_(normaliser) if w is None else g.mul_(w)
             rows = {
                 "policy": pg,
                 "kl": kl,
-                "entropy": entropy if entropy is not None else -x,
+                "entropy": entropy if entropy is not None else x,  # -logp: sign in the projection
                 "clip_low": clip_low,
                 "clip_high": clip_high,
                 "ratio": ratio,
                 "log_ratio": lrc,
                 "logp": x,
             }
-            stats, extremes = self._statistics(rows, mask, mf, w, logp_ref is not None)
+            stats, extremes = self._statistics(
+                rows, mask, mf, w, normaliser, logp_ref is not None, entropy is None
+            )
         loss: Tensor = _FusedLoss.apply(logp, entropy, stats[0], g, g_ent)  # type: ignore[no-untyped-call]
         return ObjectiveOutput(loss, stats, extremes)
 
@@ -443,15 +451,23 @@ class GRPOObjective:
         bounds: tuple[Tensor, ...] = cached[1]
         return bounds
 
-    def _weights(self, mf: Tensor, normaliser: Tensor | float) -> Tensor:
-        """Per-step aggregation weights ``w`` with ``aggregate(l) = sum(w * l)``: ``m / Z``, or
-        ``m / (n_i Z)`` for "seq-mean-token-mean" (n_i valid steps of sample i). (n, T)."""
+    def _weights(self, mf: Tensor, normaliser: Tensor | float) -> Tensor | None:
+        """Per-step aggregation weights ``w`` with ``aggregate(l) = sum(w * l)``: ``m / (n_i Z)``
+        for "seq-mean-token-mean" (n_i valid steps of sample i), (n, T); None for the other
+        modes, whose weight is ``m / Z`` (no (n, T) tensor is made for it)."""
         if self.aggregation == "seq-mean-token-mean":
             return mf / (mf.sum(-1, keepdim=True).clamp_(min=1.0) * normaliser)
-        return mf / normaliser
+        return None
 
     def _statistics(
-        self, rows: dict[str, Tensor | None], mask: Tensor, mf: Tensor, w: Tensor, has_ref: bool
+        self,
+        rows: dict[str, Tensor | None],
+        mask: Tensor,
+        mf: Tensor,
+        w: Tensor | None,
+        normaliser: Tensor | float,
+        has_ref: bool,
+        entropy_is_logp: bool,
     ) -> tuple[Tensor, Tensor]:
         """``stats`` and ``extremes`` of `ObjectiveOutput` from the detached per-step values.
 
@@ -460,6 +476,8 @@ class GRPOObjective:
         product per row for large ones), and a
         fixed (2 * 9, len(STAT_NAMES)) matrix maps those to the stats (the loss is
         ``policy + beta kl - c_H entropy``, ``kl_old = sum rho - steps - sum log rho``).
+        ``w`` None: the weights are ``mf / normaliser`` (weighted sums = masked sums / Z).
+        ``entropy_is_logp``: the "entropy" row holds logp, the estimate is its negative.
         """
         dtype = mf.dtype if mf.dtype in (torch.float32, torch.float64) else torch.float32
         ratio = rows["ratio"]
@@ -469,23 +487,32 @@ class GRPOObjective:
             return torch.zeros_like(mf, dtype=dtype) if v is None else v if v.dtype == dtype else v.to(dtype)
 
         raw = [rows[k] if k != "mask" else mf for k in _ROWS]
-        w = as_dtype(w)
         mf = as_dtype(mf)
-        proj = self._projection(dtype, mf.device, has_ref)
+        proj = self._projection(dtype, mf.device, has_ref, entropy_is_logp)
+        k = len(_ROWS)
         if mf.numel() <= _SMALL:  # few elements: fewest ops (the per-op cost dominates)
-            stack = torch.stack([as_dtype(v) for v in raw]).view(len(_ROWS), -1)
-            reduced = (torch.stack([w, mf]).view(2, -1) @ stack.T).view(-1)  # weighted, then masked sums
+            stack = torch.stack([as_dtype(v) for v in raw]).view(k, -1)
+            if w is None:
+                masked = (mf.view(1, -1) @ stack.T).view(-1)
+                reduced = torch.cat([masked / normaliser, masked])  # weighted, then masked sums
+            else:
+                reduced = (torch.stack([as_dtype(w), mf]).view(2, -1) @ stack.T).view(-1)
             signed = torch.stack([-ratio, ratio]).to(dtype)
             extremes = torch.where(mask, signed, -torch.inf).view(2, -1).amax(1)
         else:  # many: no stacked copy of the rows; one dot product per sum that a stat uses
-            wf, mff = w.reshape(-1), mf.reshape(-1)
-            used = _USED_SUMS
-            k = len(_ROWS)
+            mff = mf.reshape(-1)
             # rows are converted one dot at a time (a bool row's float copy lives for one dot)
-            reduced = torch.stack(
-                [torch.dot(as_dtype(raw[i % k]).reshape(-1), wf if i < k else mff) for i in used]
-            )
-            proj = proj[list(used)]
+            if w is None:
+                masked = torch.stack([torch.dot(as_dtype(v).reshape(-1), mff) for v in raw])
+                reduced = torch.cat([masked / normaliser, masked])
+                used = tuple(range(2 * k))
+            else:
+                wf = as_dtype(w).reshape(-1)
+                used = _USED_SUMS
+                reduced = torch.stack(
+                    [torch.dot(as_dtype(raw[i % k]).reshape(-1), wf if i < k else mff) for i in used]
+                )
+                proj = proj[list(used)]
             # min / max over valid steps with one temporary: invalid steps hold the valid mean,
             # which lies between the valid min and max (none valid: -inf for both entries)
             steps, ratio_sum = (
@@ -500,8 +527,10 @@ class GRPOObjective:
         stats = reduced @ proj
         return stats, extremes
 
-    def _projection(self, dtype: torch.dtype, device: torch.device, has_ref: bool) -> Tensor:
-        key = ("projection", dtype, device, has_ref, self.kl_coeff, self.entropy_coeff)
+    def _projection(
+        self, dtype: torch.dtype, device: torch.device, has_ref: bool, entropy_is_logp: bool
+    ) -> Tensor:
+        key = ("projection", dtype, device, has_ref, entropy_is_logp, self.kl_coeff, self.entropy_coeff)
         cached = self._cache.get("projection")
         if cached is not None and cached[0] == key:
             proj: Tensor = cached[1]
@@ -524,6 +553,9 @@ class GRPOObjective:
         p[k + row["ratio"], col["kl_old"]] = 1.0
         p[k + row["mask"], col["kl_old"]] = -1.0
         p[k + row["log_ratio"], col["kl_old"]] = -1.0
+        if entropy_is_logp:  # the row holds logp; the entropy estimate is -logp
+            p[row["entropy"]] *= -1.0
+            p[k + row["entropy"]] *= -1.0
         proj = p.to(dtype=dtype, device=device)
         self._cache["projection"] = (key, proj)
         return proj
