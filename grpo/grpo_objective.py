@@ -453,11 +453,12 @@ class GRPOObjective:
 
     def _weights(self, mf: Tensor, normaliser: Tensor | float) -> Tensor | None:
         """Per-step aggregation weights ``w`` with ``aggregate(l) = sum(w * l)``: ``m / (n_i Z)``
-        for "seq-mean-token-mean" (n_i valid steps of sample i), (n, T); None for the other
-        modes, whose weight is ``m / Z`` (no (n, T) tensor is made for it)."""
+        for "seq-mean-token-mean" (n_i valid steps of sample i), (n, T); ``m / Z`` for the other
+        modes, or None above `_SMALL` elements (the weight is then applied as a scalar: no (n, T)
+        tensor is made for it)."""
         if self.aggregation == "seq-mean-token-mean":
             return mf / (mf.sum(-1, keepdim=True).clamp_(min=1.0) * normaliser)
-        return None
+        return mf / normaliser if mf.numel() <= _SMALL else None  # small: one op less overall
 
     def _statistics(
         self,
