@@ -56,9 +56,17 @@ def main() -> None:
         default=1,
         help="torch.set_num_threads (1 suits a tiny MLP; 0 = torch's default)",
     )
+    ap.add_argument(
+        "--flush-denormal",
+        action="store_true",
+        help="torch.set_flush_denormal(True): subnormal floats become 0 (CPU arithmetic on them is "
+        "slow; a near-deterministic policy produces them, see benchmarks/RESULTS.md)",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.flush_denormal and not torch.set_flush_denormal(True):
+        raise SystemExit("--flush-denormal: this CPU does not support flushing denormals")
     w = args.window
     if args.steps < 2 * w:
         raise SystemExit(f"--steps must be at least 2 * --window = {2 * w}")
@@ -117,7 +125,8 @@ def main() -> None:
     p10_first, p10_last = 1 / _p10(times[:w]), 1 / _p10(times[-w:])
     print(
         f"machine: {platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-        f"torch {torch.__version__}, threads {torch.get_num_threads()}"
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
+        f"flush denormals {'on' if args.flush_denormal else 'off'}"
     )
     print(
         f"steps: {args.steps} (B={args.batch_size}, G={args.group_size}), checkpoint every "
