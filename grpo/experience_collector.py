@@ -16,6 +16,7 @@ log-probs — ``(N,)``, ``(N, T)`` or a `PolicyOutput` — become ``(N, T)`` + a
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -185,6 +186,8 @@ def _check_no_inf(logp: Tensor, where: str) -> None:
     under the policy, which makes the ratio and the KL term infinite. Padding steps (mask False)
     were zeroed before this check, so -inf is allowed there.
     """
+    if math.isfinite(float(logp.sum())):  # one reduction in the common case; NaN or inf: look closer
+        return
     if bool(torch.isinf(logp).any()):
         rows = torch.isinf(logp).any(-1).nonzero().flatten()[:10].tolist()
         sign = "+inf" if bool((logp == torch.inf).any()) else "-inf"
@@ -283,6 +286,8 @@ def to_reward_tensor(
     t = t.to(device=device, dtype=torch.float32)
     if allow_invalid:
         return torch.where(torch.isfinite(t), t, torch.nan)
+    if math.isfinite(float(t.sum())):  # one reduction in the common case (an overflow of the sum
+        return t  # of finite values falls through to the exact check below, which passes)
     finite = torch.isfinite(t)
     if not bool(finite.all()):
         bad_idx = (~finite).nonzero().flatten()[:10].tolist()
@@ -331,6 +336,7 @@ class ExperienceCollector:
         self.record_old_log_probs = record_old_log_probs
         self.invalid_rewards = invalid_rewards
         self.reward_timeout = reward_timeout
+        self._ids_cache: tuple[tuple[int, int, torch.device], Tensor] | None = None
 
     def _flatten_actions(self, actions: Any, num_states: int) -> tuple[Any, Tensor, int | None]:
         g = self.group_size
@@ -344,7 +350,7 @@ class ExperienceCollector:
             flat_t = actions.flatten(0, 1)
             if flat_t.device != self.device:
                 flat_t = flat_t.to(self.device)
-            return flat_t, uniform_group_ids(num_states, g, self.device), g
+            return flat_t, self._group_ids(num_states), g
         if not isinstance(actions, Sequence) or isinstance(actions, (str, bytes)):
             raise TypeError(
                 f"{where} returned {type(actions).__name__}; expected a list of {num_states} lists "
@@ -368,7 +374,17 @@ class ExperienceCollector:
                 f"per state."
             )
         flat = [a for group in actions for a in group]
-        return flat, uniform_group_ids(num_states, g, self.device), g
+        return flat, self._group_ids(num_states), g
+
+    def _group_ids(self, num_states: int) -> Tensor:
+        """`uniform_group_ids` for ``num_states`` groups, kept for the next batch of the same size
+        (the ids are only read, never written in place)."""
+        key = (num_states, self.group_size, self.device)
+        cached = self._ids_cache
+        if cached is None or cached[0] != key:
+            cached = (key, uniform_group_ids(num_states, self.group_size, self.device))
+            self._ids_cache = cached
+        return cached[1]
 
     def _flatten_states(self, states: Any) -> Any:
         g = self.group_size
