@@ -322,13 +322,18 @@ class DistributedSync:
                 for p, value in zip(bucket, _views(flat, bucket), strict=True):
                     p.copy_(value)
 
-    def all_reduce_gradients(self) -> None:
+    def all_reduce_gradients(self, extra: Tensor | None = None) -> Tensor | None:
         """Sum ``p.grad`` over ranks for every attached parameter (flat buckets).
 
         A missing gradient counts as zeros; a parameter with no gradient on any rank keeps
-        ``grad = None``, exactly as on one process.
+        ``grad = None``, exactly as on one process. ``extra`` (a scalar, e.g. the loss) is summed
+        in the same all-reduce as the last bucket (in that bucket's dtype) and returned; with no
+        bucket it gets an all-reduce of its own.
         """
-        for bucket in self._buckets:
+        if not self._buckets:
+            return None if extra is None else self.all_reduce_sum(extra)
+        reduced_extra: Tensor | None = None
+        for i, bucket in enumerate(self._buckets):
             ref = bucket[0]
             for p in bucket:
                 if p.grad is not None and p.grad.is_sparse:
@@ -337,11 +342,17 @@ class DistributedSync:
                         "dense embeddings (nn.Embedding(sparse=False))."
                     )
             flags = torch.tensor([p.grad is not None for p in bucket], dtype=ref.dtype, device=ref.device)
+            tail = [flags]
+            last = i == len(self._buckets) - 1
+            if last and extra is not None:
+                tail.append(extra.detach().reshape(1).to(device=ref.device, dtype=ref.dtype))
             flat = torch.cat(
-                [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket]
-                + [flags]
+                [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket] + tail
             )
             torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.SUM)
+            if last and extra is not None:
+                reduced_extra = flat[-1].to(extra.dtype)
+                flat = flat[:-1]
             present = (flat[-len(bucket) :] > 0).tolist()
             for p, value, has in zip(bucket, _views(flat, bucket), present, strict=True):
                 if not has:
@@ -350,6 +361,7 @@ class DistributedSync:
                     p.grad = value.clone()
                 else:
                     p.grad.copy_(value)
+        return reduced_extra
 
     # ---- counts -------------------------------------------------------------------------------
     def all_reduce_sum(self, value: Tensor) -> Tensor:

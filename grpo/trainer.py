@@ -393,15 +393,22 @@ class GRPOTrainer:
             snapshot = self._update_snapshot
             snapshot.capture(self.params, self.optimizer, self.scheduler)
         self._rollback: UpdateSnapshot | None = snapshot
+        whole_batch_normaliser: Tensor | None = None
+        normaliser: Tensor | None
         for _ in range(cfg.num_epochs_per_update):
             order = torch.randperm(num_groups, generator=self._generator) if num_groups > mb else None
             for start in range(0, num_groups, mb):
                 step_groups = _group_slice(order, start, mb)
                 step_rows = _rows_of(batch, step_groups, uniform, device)
-                normaliser = self._normaliser(batch, step_rows)
-                if normaliser is not None and self.distributed is not None:  # the global count
-                    step_mask = self._loss_mask(batch, select_rows(batch.mask, step_rows), step_rows)
-                    normaliser = self.distributed.global_normaliser(normaliser, step_mask)
+                if step_rows is None and whole_batch_normaliser is not None:
+                    normaliser = whole_batch_normaliser  # the same rows every epoch: computed once
+                else:
+                    normaliser = self._normaliser(batch, step_rows)
+                    if normaliser is not None and self.distributed is not None:  # the global count
+                        step_mask = self._loss_mask(batch, select_rows(batch.mask, step_rows), step_rows)
+                        normaliser = self.distributed.global_normaliser(normaliser, step_mask)
+                    if step_rows is None:
+                        whole_batch_normaliser = normaliser
                 self.optimizer.zero_grad(set_to_none=True)
                 step_stats: Tensor | float = 0.0  # the objective's stats, summed over micro-batches
                 deferred = zero
@@ -509,9 +516,10 @@ class GRPOTrainer:
         finite (then record ``self._failed_update`` and leave the weights alone)."""
         assert self.optimizer is not None
         if self.distributed is not None:
-            self.distributed.all_reduce_gradients()  # sum: each rank's loss used the global count
-            if loss is not None:
-                loss = self.distributed.all_reduce_sum(loss)  # every rank decides on the global loss
+            # sum: each rank's loss used the global count; the loss rides in the same all-reduce,
+            # so every rank decides on the global loss
+            reduced = self.distributed.all_reduce_gradients(loss)
+            loss = reduced if loss is not None else None
         norm = clip_grad_norm(self.params, self.config.max_grad_norm)
         # one check for both: a sum is finite only if both terms are
         if bool(torch.isfinite(norm if loss is None else norm + loss)):
