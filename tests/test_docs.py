@@ -42,6 +42,11 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
         "grpo.metric_sinks.JSONLSink",
         "grpo.lr_schedules.LRSchedule",
         "grpo.plotting.plot_history",
+        "grpo.optim.default_optimizer",
+        "grpo.grpo_objective.ObjectiveOutput",
+        "grpo.policy_losses.cispo_loss",
+        "grpo.checkpoint",
+        "grpo.distributed.DistributedSync",
     ):
         assert f'id="{name}"' in api, name
     assert "reward/frac_zero_std" in (site / "metrics" / "index.html").read_text(encoding="utf-8")
