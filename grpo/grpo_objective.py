@@ -492,14 +492,14 @@ class GRPOObjective:
         proj = self._projection(dtype, mf.device, has_ref, entropy_is_logp)
         k = len(_ROWS)
         if mf.numel() <= _SMALL:  # few elements: fewest ops (the per-op cost dominates)
-            stack = torch.stack([as_dtype(v) for v in raw]).view(k, -1)
+            stack = torch.stack([as_dtype(v) for v in raw]).reshape(k, -1)
             if w is None:
-                masked = (mf.view(1, -1) @ stack.T).view(-1)
+                masked = (mf.reshape(1, -1) @ stack.T).view(-1)
                 reduced = torch.cat([masked / normaliser, masked])  # weighted, then masked sums
             else:
                 reduced = (torch.stack([as_dtype(w), mf]).view(2, -1) @ stack.T).view(-1)
             signed = torch.stack([-ratio, ratio]).to(dtype)
-            extremes = torch.where(mask, signed, -torch.inf).view(2, -1).amax(1)
+            extremes = torch.where(mask, signed, -torch.inf).reshape(2, -1).amax(1)
         else:  # many: no stacked copy of the rows; one dot product per sum that a stat uses
             mff = mf.reshape(-1)
             # rows are converted one dot at a time (a bool row's float copy lives for one dot)

@@ -452,3 +452,26 @@ def test_large_inputs_take_the_dot_product_statistics_and_agree() -> None:
     assert float(fused.sums["ratio"]) == pytest.approx(float((ratio * m).sum()), rel=1e-12)
     assert float(fused.sums["ratio_max"]) == pytest.approx(float(ratio[mask].max()), rel=1e-12)
     assert float(fused.sums["ratio_min"]) == pytest.approx(float(ratio[mask].min()), rel=1e-12)
+
+
+@pytest.mark.parametrize(("n", "t"), [(6, 5), (300, 128)])  # small and large statistics paths
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_non_contiguous_inputs_give_the_same_result(n, t, agg):
+    """Log-probs and masks sliced or transposed out of bigger tensors (as an LLM policy may return
+    them) give exactly what their contiguous copies give."""
+    logp, old, ref, adv, mask, ent = random_inputs(n=n, t=t, seed=7)
+    obj = GRPOObjective(kl_coeff=0.1, entropy_coeff=0.01, aggregation=agg)
+
+    def run(transform):
+        x = transform(logp).requires_grad_(True)
+        m = transform(mask)
+        out = obj(
+            x, transform(old), adv, m, obj.normaliser(m), logp_ref=transform(ref), entropy=transform(ent)
+        )
+        return out, torch.autograd.grad(out.loss, x)[0]
+
+    strided, g_strided = run(lambda a: a.T.contiguous().T)  # same values, column-major strides
+    plain, g_plain = run(lambda a: a.clone())
+    torch.testing.assert_close(strided.stats, plain.stats, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(strided.extremes, plain.extremes, atol=0, rtol=0)
+    torch.testing.assert_close(g_strided, g_plain, atol=1e-15, rtol=1e-12)
