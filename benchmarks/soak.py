@@ -57,16 +57,15 @@ def main() -> None:
         help="torch.set_num_threads (1 suits a tiny MLP; 0 = torch's default)",
     )
     ap.add_argument(
-        "--flush-denormal",
+        "--no-flush-denormals",
         action="store_true",
-        help="torch.set_flush_denormal(True): subnormal floats become 0 (CPU arithmetic on them is "
-        "slow; a near-deterministic policy produces them, see benchmarks/RESULTS.md)",
+        help="GRPOConfig(flush_denormals=False): keep subnormal floats during the steps (CPU "
+        "arithmetic on them is slow; a near-deterministic policy produces them, see "
+        "docs/reliability.md). Default: the trainer's default, flushed during each step.",
     )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.flush_denormal and not torch.set_flush_denormal(True):
-        raise SystemExit("--flush-denormal: this CPU does not support flushing denormals")
     w = args.window
     if args.steps < 2 * w:
         raise SystemExit(f"--steps must be at least 2 * --window = {2 * w}")
@@ -79,7 +78,12 @@ def main() -> None:
         return (states @ true_w).gather(1, actions.view(-1, 1)).squeeze(1)
 
     config = GRPOConfig(
-        group_size=args.group_size, batch_size=args.batch_size, kl_coeff=0.04, learning_rate=1e-3, seed=0
+        group_size=args.group_size,
+        batch_size=args.batch_size,
+        kl_coeff=0.04,
+        learning_rate=1e-3,
+        seed=0,
+        flush_denormals=not args.no_flush_denormals,
     )
     trainer = GRPOTrainer(config, categorical_mlp(obs_dim, arms), reward)
     times: list[float] = []
@@ -126,7 +130,7 @@ def main() -> None:
     print(
         f"machine: {platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
-        f"flush denormals {'on' if args.flush_denormal else 'off'}"
+        f"GRPOConfig.flush_denormals={config.flush_denormals}"
     )
     print(
         f"steps: {args.steps} (B={args.batch_size}, G={args.group_size}), checkpoint every "

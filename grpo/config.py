@@ -320,6 +320,17 @@ class GRPOConfig:
             "background."
         ),
     )
+    flush_denormals: bool = field(
+        default=True,
+        metadata=_help(
+            "During step(), CPU float arithmetic reads and writes subnormal numbers (|x| < 1.2e-38 "
+            "in float32) as 0, as TensorFlow does in its CPU threads; the thread's setting is restored "
+            "after the step. A near-deterministic policy makes such numbers (probabilities, their "
+            "gradients) and CPU arithmetic on them is many times slower, so without this a "
+            "converging run slows down. Changes values only below that magnitude. False = leave "
+            "the setting (torch.set_flush_denormal) alone."
+        ),
+    )
     checkpoint_keep_last: int | None = field(
         default=3,
         metadata=_help(
@@ -461,6 +472,8 @@ class GRPOConfig:
             raise bad("invalid_rewards", f"choose one of {INVALID_REWARD_POLICIES}")
         if self.reward_timeout is not None:
             check_float("reward_timeout", 0.0, False)
+        if not isinstance(self.flush_denormals, bool):
+            raise bad("flush_denormals", "expected True or False")
         check_int("checkpoint_keep_last", 1, optional=True)
         if self.distributed not in DISTRIBUTED_MODES:
             raise bad("distributed", f"choose one of {DISTRIBUTED_MODES}")

@@ -186,7 +186,7 @@ def _check_no_inf(logp: Tensor, where: str) -> None:
     under the policy, which makes the ratio and the KL term infinite. Padding steps (mask False)
     were zeroed before this check, so -inf is allowed there.
     """
-    if math.isfinite(float(logp.sum())):  # one reduction in the common case; NaN or inf: look closer
+    if math.isfinite(float(logp.detach().sum())):  # one reduction in the common case; else look closer
         return
     if bool(torch.isinf(logp).any()):
         rows = torch.isinf(logp).any(-1).nonzero().flatten()[:10].tolist()
@@ -477,6 +477,14 @@ class ExperienceCollector:
 
     def collect(self, states: Any, **generate_kwargs: Any) -> ExperienceBatch:
         """Sample G actions per state, score them, and record old/ref log-probs (no gradient)."""
+        return self.collect_for_update(states, generate_kwargs)
+
+    def collect_for_update(
+        self, states: Any, generate_kwargs: dict[str, Any], *, defer_old_up_to: int = 0
+    ) -> ExperienceBatch:
+        """`collect`, leaving ``old_log_probs`` None when there are at most ``defer_old_up_to``
+        states: the trainer then takes the behaviour log-probs from the first forward of its update
+        (one optimizer step per epoch: nothing has changed before it), saving a policy forward."""
         if isinstance(states, Tensor):
             if states.dim() == 0 or states.shape[0] == 0:
                 raise ValueError(
@@ -493,12 +501,13 @@ class ExperienceCollector:
         elif len(states) == 0:
             raise ValueError("states is empty; step() needs at least one state.")
         num_states = len(states)
+        record_old = self.record_old_log_probs and num_states > defer_old_up_to
         timings: dict[str, float] = {}
         with torch.no_grad():
             t0 = time.perf_counter()
             set_training_mode(self.policy, False)
             behaviour: Tensor | PolicyOutput | None = None
-            if self.record_old_log_probs and has_method(self.policy, "generate_actions_with_log_probs"):
+            if record_old and has_method(self.policy, "generate_actions_with_log_probs"):
                 raw_actions, behaviour = self.policy.generate_actions_with_log_probs(  # type: ignore[attr-defined]
                     states, self.group_size, **generate_kwargs
                 )
@@ -526,7 +535,7 @@ class ExperienceCollector:
                 reward_components=comps,
                 dropped_groups=num_states - len(states),
             )
-            if self.record_old_log_probs:
+            if record_old:
                 if behaviour is not None:
                     where = _where(self.policy, "generate_actions_with_log_probs")
                     old = _normalise(behaviour, n, where, self.device)

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from grpo import checkpoint
 from grpo.advantage_estimator import AdvantageEstimator, AdvantageFn, group_stats
 from grpo.config import GRPOConfig
+from grpo.denormals import flush_denormals_on, restore_denormals
 from grpo.distributed import main_process_only, reseed_other_ranks, setup_distributed
 from grpo.experience_collector import (
     ExperienceBatch,
@@ -180,9 +181,12 @@ class GRPOTrainer:
 
         self.advantage_estimator = AdvantageEstimator.from_config(config, advantage_fn)
         kl_in_reward = config.kl_penalty == "reward" and config.kl_coeff > 0
-        multi_step = (
-            config.optimizer_steps_per_step > 1 or kl_in_reward or self.advantage_estimator.needs_mask
-        )
+        needs_old_early = kl_in_reward or self.advantage_estimator.needs_mask  # before the update
+        multi_step = config.optimizer_steps_per_step > 1 or needs_old_early
+        # Several epochs of one optimizer step each: the first epoch's forwards run before any
+        # weight changes, so they give the behaviour log-probs and collection skips that forward
+        # (for a step of at most this many states; 0 = never).
+        self._defer_old_up_to = config.resolved_mini_batch_size if multi_step and not needs_old_early else 0
         self.collector = ExperienceCollector(
             self.policy,
             self.reward_model,
@@ -274,9 +278,21 @@ class GRPOTrainer:
         Returns float metrics (names in docs/metrics.md): ``reward/*``, ``advantage/*``,
         ``loss/*``, ``kl/*``, ``clip/*``, ``ratio/*``, ``policy/entropy``, ``grad/norm``,
         ``time/*``.
+
+        With ``config.flush_denormals`` (default) the step runs with subnormal floats flushed to
+        zero on CPU (`grpo.denormals`); the setting is restored afterwards.
         """
+        changed = flush_denormals_on() if self.config.flush_denormals else False
+        try:
+            return self._step(states, generate_kwargs)
+        finally:
+            restore_denormals(changed)
+
+    def _step(self, states: Any, generate_kwargs: dict[str, Any]) -> dict[str, float]:
         t0 = time.perf_counter()
-        batch = self.collect(states, **generate_kwargs)
+        batch = self.collector.collect_for_update(
+            states, generate_kwargs, defer_old_up_to=self._defer_old_up_to
+        )
         stats = self.compute_advantages(batch)
         t1 = time.perf_counter()
         update = self._update_or_roll_back(batch)
@@ -395,6 +411,17 @@ class GRPOTrainer:
         self._rollback: UpdateSnapshot | None = snapshot
         whole_batch_normaliser: Tensor | None = None
         normaliser: Tensor | None
+        # Behaviour log-probs left to the update (see collect_for_update): the first epoch's
+        # forwards, taken before its single optimizer step, are them.
+        old_pieces: list[Tensor] | None = None
+        if multi and batch.old_log_probs is None:
+            if num_groups > mb:
+                raise ValueError(
+                    f"this batch has no old (behaviour) log-probs and {num_groups} groups, more than "
+                    f"mini_batch_size={mb}: the update takes several optimizer steps per epoch, so "
+                    f"they must be recorded at collection. Build the batch with trainer.collect()."
+                )
+            old_pieces = []
         for _ in range(cfg.num_epochs_per_update):
             order = torch.randperm(num_groups, generator=self._generator) if num_groups > mb else None
             for start in range(0, num_groups, mb):
@@ -415,12 +442,19 @@ class GRPOTrainer:
                 for m_start in range(0, _count(step_groups, num_groups), micro):
                     groups = _sub(step_groups, m_start, micro, num_groups)
                     rows = _rows_of(batch, groups, uniform, device)
-                    out, mask = self._micro_step(batch, rows, groups, normaliser, params_changed)
+                    out, mask, logp = self._micro_step(
+                        batch, rows, groups, normaliser, params_changed, check_inf=old_pieces is not None
+                    )
+                    if old_pieces is not None:
+                        old_pieces.append(logp)
                     step_stats = out.stats if isinstance(step_stats, float) else step_stats + out.stats
                     extremes = torch.maximum(extremes, out.extremes)
                     if normaliser is None:
                         deferred = deferred + self.objective.normaliser(mask)
                 assert isinstance(step_stats, Tensor)
+                if old_pieces is not None:
+                    batch.old_log_probs = old_pieces[0] if len(old_pieces) == 1 else torch.cat(old_pieces)
+                    old_pieces = None
                 if normaliser is None:
                     # The mask was unknown before the forwards: the micro-batch losses were sums,
                     # so dividing gradients and losses by the step's normaliser now is exact.
@@ -468,8 +502,14 @@ class GRPOTrainer:
         groups: Tensor | None,
         normaliser: Tensor | None,
         params_changed: bool,
-    ) -> tuple[ObjectiveOutput, Tensor]:
-        """Forward, loss and backward of one micro-batch; gradients accumulate."""
+        check_inf: bool = False,
+    ) -> tuple[ObjectiveOutput, Tensor, Tensor]:
+        """Forward, loss and backward of one micro-batch; gradients accumulate.
+
+        Returns the objective's output, the loss mask and the detached behaviour log-probs used.
+        ``check_inf``: reject +inf log-probs with a ValueError (when these are the behaviour
+        log-probs, as at collection); otherwise a non-finite loss is contained by the caller.
+        """
         lp = evaluate_log_probs(
             self.policy,
             batch,
@@ -477,7 +517,7 @@ class GRPOTrainer:
             groups=groups,
             with_entropy=self._exact_entropy,
             device=self.device,
-            check_inf=False,  # checked at collection; here a non-finite loss is contained instead
+            check_inf=check_inf,
         )
         logp = lp.log_probs
         if not logp.requires_grad:
@@ -509,7 +549,7 @@ class GRPOTrainer:
             entropy=lp.entropy,
         )
         out.loss.backward()  # type: ignore[no-untyped-call]
-        return out, mask
+        return out, mask, old
 
     def _clip_and_step(self, loss: Tensor | None = None) -> Tensor:
         """Clip the gradient norm, then step the optimizer unless the gradient or the loss is not

@@ -122,6 +122,52 @@ def test_first_epoch_ratio_is_exactly_one_and_later_epochs_reuse_rollouts(
     assert m["kl/old"] > 0.0
 
 
+@pytest.mark.parametrize("kl", [0.0, 0.1])
+def test_epochs_take_behaviour_log_probs_from_the_first_forward(
+    contextual: ContextualBandit, kl: float
+) -> None:
+    """One optimizer step per epoch: the first epoch's forward runs before any weight change, so
+    it gives the behaviour log-probs and collection makes no forward of its own. The update equals
+    the one with old log-probs recorded at collection (trainer.collect + update)."""
+    cfg = GRPOConfig(
+        group_size=4, batch_size=8, num_epochs_per_update=3, kl_coeff=kl, learning_rate=3e-2, seed=0
+    )
+    gen_state = contextual.gen.get_state()
+    torch.manual_seed(0)
+    policy = Counting(contextual.policy())
+    trainer = make(cfg, policy, contextual.reward)
+    m = trainer.step(contextual.states(8))
+    assert policy.calls["get_log_probabilities"] == 3  # one per epoch, none at collection
+    assert m["ratio/max"] > 1.0 > m["ratio/min"]  # epochs 2-3 saw the first epoch's log-probs
+
+    contextual.gen.set_state(gen_state)
+    torch.manual_seed(0)
+    recorded = Counting(contextual.policy())
+    manual = make(cfg, recorded, contextual.reward)
+    batch = manual.collect(contextual.states(8))
+    assert batch.old_log_probs is not None  # collect() always records them
+    manual.compute_advantages(batch)
+    stats = manual.update(batch)
+    assert recorded.calls["get_log_probabilities"] == 4
+    for a, b in zip(policy.inner.parameters(), recorded.inner.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert float(stats["ratio/max"]) == pytest.approx(m["ratio/max"], abs=1e-6)
+
+
+def test_an_update_without_behaviour_log_probs_needs_one_optimizer_step_per_epoch(
+    contextual: ContextualBandit,
+) -> None:
+    cfg = GRPOConfig(group_size=4, batch_size=8, mini_batch_size=4, num_epochs_per_update=2, seed=0)
+    trainer = make(cfg, contextual.policy(), contextual.reward)
+    batch = trainer.collect(contextual.states(8))
+    trainer.compute_advantages(batch)
+    batch.old_log_probs = None
+    with pytest.raises(
+        ValueError, match=r"no old \(behaviour\) log-probs and 8 groups, more than mini_batch_size=4"
+    ):
+        trainer.update(batch)
+
+
 def test_kl_zero_builds_and_runs_no_reference(contextual: ContextualBandit) -> None:
     ref = Counting(contextual.policy())
     with pytest.warns(UserWarning, match="reference_policy is ignored because kl_coeff=0"):

@@ -7,6 +7,7 @@ that the policy's weights and the optimizer state are exactly as before the fail
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -157,9 +158,18 @@ def test_tensor_actions_of_the_wrong_shape() -> None:
     ],
     ids=["shape", "dtype", "not-a-tensor", "device", "+inf", "-inf", "no-grad"],
 )
-def test_bad_log_probs(hook: Callable[[Tensor], Any], exc: type[Exception], match: str) -> None:
+@pytest.mark.parametrize(
+    "mini_batch_size",
+    [None, 1],
+    ids=["old-logprobs-from-first-epoch", "old-logprobs-at-collection"],
+)
+def test_bad_log_probs(
+    hook: Callable[[Tensor], Any], exc: type[Exception], match: str, mini_batch_size: int | None
+) -> None:
+    # one optimizer step per epoch: the behaviour log-probs come from the update's first forward;
+    # two (mini_batch_size=1): they are recorded at collection. Both check the same things.
     policy = ListPolicy()
-    trainer = _trained(policy)
+    trainer = _trained(policy, cfg=dataclasses.replace(CFG, mini_batch_size=mini_batch_size))
     policy.logp_hook = hook
     _fails_cleanly(trainer, STATES, exc, match)
 
