@@ -70,6 +70,17 @@ __all__ = ["GRPOConfig", "GRPOTrainer"]
 
 logger = logging.getLogger(__name__)
 
+_ADVANTAGE_METRICS = (
+    "reward/mean",
+    "reward/std",
+    "reward/min",
+    "reward/max",
+    "advantage/mean",
+    "advantage/std",
+    "advantage/min",
+    "advantage/max",
+    "reward/frac_zero_std",
+)
 _N_LOSSES = 4  # STAT_NAMES[:4]: loss, policy_loss, kl_loss, entropy (aggregated like the loss)
 _STEPS = STAT_NAMES.index("steps")
 # update() metrics in the order of its values vector: the aggregated losses (mean over optimizer
@@ -293,7 +304,7 @@ class GRPOTrainer:
         batch = self.collector.collect_for_update(
             states, generate_kwargs, defer_old_up_to=self._defer_old_up_to
         )
-        stats = self.compute_advantages(batch)
+        names, values = self._advantages(batch)
         t1 = time.perf_counter()
         update = self._update_or_roll_back(batch)
         t2 = time.perf_counter()
@@ -302,9 +313,10 @@ class GRPOTrainer:
         if freq is not None and self.step_count % freq == 0:
             self.refresh_reference()
 
-        names = list(stats) + list(update)
-        values = torch.stack([*stats.values(), *update.values()]).detach().float().cpu()
-        metrics = dict(zip(names, values.tolist(), strict=True))
+        if update is not None:
+            names += _UPDATE_METRICS
+            values = torch.cat([values, update])
+        metrics = dict(zip(names, values.detach().tolist(), strict=True))
         metrics.update({f"time/{k}": v for k, v in batch.timings.items()})
         metrics["time/update"] = t2 - t1
         metrics["time/step"] = time.perf_counter() - t0
@@ -314,7 +326,7 @@ class GRPOTrainer:
                 metrics,
                 samples=batch.num_samples,
                 groups=len(batch.states),
-                valid_steps=float(self._valid_steps) if update else 0.0,
+                valid_steps=float(self._valid_steps) if update is not None else 0.0,
             )
         return metrics
 
@@ -324,6 +336,11 @@ class GRPOTrainer:
 
     def compute_advantages(self, batch: ExperienceBatch) -> dict[str, Tensor]:
         """Fill ``batch.advantages`` (N,) and return reward / advantage statistics (tensors)."""
+        names, values = self._advantages(batch)
+        return dict(zip(names, values.unbind(), strict=True))
+
+    def _advantages(self, batch: ExperienceBatch) -> tuple[tuple[str, ...], Tensor]:
+        """`compute_advantages` with the statistics as (names, one float32 vector)."""
         num_groups = len(batch.states)
         g = batch.group_size
         result = self.advantage_estimator(
@@ -349,29 +366,39 @@ class GRPOTrainer:
         # per step (N, T) are summarised over all their entries)
         both = torch.stack([r, adv.to(r.dtype)]) if adv.shape == r.shape else None
         if both is not None:
-            mean, (mn, mx) = both.mean(1), torch.aminmax(both, dim=1)
-            std = both.std(1) if r.numel() > 1 else both.new_zeros(2)
-            # (2, 4) -> 8 scalars with one unbind instead of eight index ops
-            flat = torch.stack([mean, std, mn, mx], 1).view(-1).unbind()
-            r_stats, a_stats = flat[:4], flat[4:]
+            if r.numel() > 1:
+                std, mean = torch.std_mean(both, 1)
+            else:
+                std, mean = both.new_zeros(2), both[:, 0]
+            mn, mx = torch.aminmax(both, dim=1)
+            parts = [torch.stack([mean, std, mn, mx], 1).view(-1)]  # (2, 4): reward row, advantage row
         else:
-            r_stats = (r.mean(), r.std() if r.numel() > 1 else r.new_zeros(()), r.min(), r.max())
+            r_std = r.std() if r.numel() > 1 else r.new_zeros(())
             a_std = adv.std() if adv.numel() > 1 else adv.new_zeros(())
-            a_stats = (adv.mean(), a_std, adv.min(), adv.max())
-        out = dict(zip(("reward/mean", "reward/std", "reward/min", "reward/max"), r_stats, strict=True))
-        out["reward/frac_zero_std"] = zero_std.float().mean()
-        out.update(
-            zip(("advantage/mean", "advantage/std", "advantage/min", "advantage/max"), a_stats, strict=True)
-        )
+            r_stats = [r.mean(), r_std, r.min(), r.max()]
+            parts = [torch.stack([*r_stats, adv.mean(), a_std, adv.min(), adv.max()])]
+        names = list(_ADVANTAGE_METRICS)
+        extra = [zero_std.float().mean()]
         for name, comp in batch.reward_components.items():
-            out[f"reward/{name}/mean"] = comp.mean()
-        out.update(result.stats)
+            names.append(f"reward/{name}/mean")
+            extra.append(comp.mean())
+        for name, value in result.stats.items():
+            names.append(name)
+            extra.append(value)
         if self.config.invalid_rewards == "drop_groups":
-            out["reward/dropped_groups"] = torch.full((), float(batch.dropped_groups), device=self.device)
-        return out
+            names.append("reward/dropped_groups")
+            extra.append(torch.full((), float(batch.dropped_groups), device=self.device))
+        parts.append(torch.stack([e.float() for e in extra]))
+        return tuple(names), torch.cat([p.float() for p in parts])
 
     def update(self, batch: ExperienceBatch) -> dict[str, Tensor]:
         """Optimise the policy on ``batch`` (advantages filled). Returns loss/ratio/KL statistics."""
+        values = self._update(batch)
+        return {} if values is None else dict(zip(_UPDATE_METRICS, values.unbind(), strict=True))
+
+    def _update(self, batch: ExperienceBatch) -> Tensor | None:
+        """`update` with the statistics as one vector (names `_UPDATE_METRICS`); None when there
+        is nothing to train."""
         if self.optimizer is None:
             if not self._warned_nothing_to_train:
                 warnings.warn(
@@ -383,7 +410,7 @@ class GRPOTrainer:
                     stacklevel=3,
                 )
                 self._warned_nothing_to_train = True
-            return {}
+            return None
         if batch.advantages is None:
             raise ValueError("update() needs batch.advantages; call compute_advantages(batch) first.")
         cfg = self.config
@@ -477,17 +504,16 @@ class GRPOTrainer:
 
         assert isinstance(total, Tensor)
         self._valid_steps = total[_STEPS]  # weight of this rank's metrics across processes
-        non_finite = torch.full((), float(self.non_finite_steps), device=device)
-        counters = torch.stack([grad_sum / n_opt, non_finite])
-        values = torch.cat(
+        counters = torch.stack([grad_sum / n_opt, grad_sum.new_full((), float(self.non_finite_steps))])
+        extremes[0] = -extremes[0]  # (-min ratio, max ratio) -> (min, max)
+        return torch.cat(
             [
                 total[:_N_LOSSES] / n_opt,
                 total[_N_LOSSES + 1 :] / total[_STEPS].clamp(min=1.0),
-                extremes * extremes.new_tensor([-1.0, 1.0]),
+                extremes,
                 counters.to(total.dtype),
             ]
-        )
-        return dict(zip(_UPDATE_METRICS, values.unbind(), strict=True))
+        ).float()
 
     def _normaliser(self, batch: ExperienceBatch, rows: Tensor | None) -> Tensor | None:
         """The aggregation normaliser of one optimizer step, or None if the mask is not known yet."""
@@ -673,12 +699,12 @@ class GRPOTrainer:
             raise FloatingPointError(msg + " (GRPOConfig(non_finite='skip') skips such steps instead.)")
         warnings.warn(msg, RuntimeWarning, stacklevel=4)
 
-    def _update_or_roll_back(self, batch: ExperienceBatch) -> dict[str, Tensor]:
+    def _update_or_roll_back(self, batch: ExperienceBatch) -> Tensor | None:
         """`update`, undoing its optimizer steps if it raises (e.g. a policy that returns log-probs
         of a new shape in the second epoch), so a failed step leaves the weights as they were."""
         self._rollback = None
         try:
-            return self.update(batch)
+            return self._update(batch)
         except BaseException:
             if self._rollback is not None:
                 self._rollback.restore()
