@@ -240,12 +240,15 @@ def normalise_scores(
 def _group_normalise(xv: Tensor, scale: bool, eps: float) -> Tensor:
     """GRPO's default on the uniform group-major layout, (k, G) float64 -> (k, G): the numbers of
     `affine_terms` with baseline "group" and scale "group" (or "none"), in fewer ops."""
-    g = xv.shape[1]
-    dev = xv - xv.sum(1, keepdim=True) / g
     lo, hi = torch.aminmax(xv, dim=1, keepdim=True)
     if scale:
-        std = torch.sqrt((dev * dev).sum(1, keepdim=True) / max(g - 1, 1))
-        dev = dev.div_(std.add_(eps))
+        if xv.shape[1] > 1:
+            std, mean = torch.std_mean(xv, 1, keepdim=True)  # unbiased std, as torch.std
+        else:  # one member: std 0 (the unbiased estimate would be NaN); the advantage is 0 anyway
+            std, mean = torch.zeros_like(xv), xv
+        dev = (xv - mean).div_(std.add_(eps))
+    else:
+        dev = xv - xv.mean(1, keepdim=True)
     return dev.masked_fill_(lo == hi, 0.0)
 
 

@@ -131,6 +131,9 @@ class DistributionPolicy(nn.Module):
     # ---- PolicyModel ---------------------------------------------------------------------
     def generate_actions(self, states: Any, num_actions_per_state: int, **kwargs: Any) -> Tensor:
         """Sample G actions for each state. Returns (B, G, *event_shape)."""
+        table = self._log_prob_table(states)
+        if table is not None:  # as Categorical.sample: multinomial with replacement on the probs
+            return torch.multinomial(table.exp(), num_actions_per_state, replacement=True)  # (B, G)
         dist = self.distribution(states)
         samples = dist.sample((num_actions_per_state,))  # (G, B, *event)
         return samples.transpose(0, 1)

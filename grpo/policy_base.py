@@ -132,12 +132,8 @@ def set_training_mode(obj: Any, training: bool) -> None:
     (tens of microseconds per call on a small policy, three calls per step). Anything else (a
     module with its own ``train``, a non-module policy) gets its own method called.
     """
-    if isinstance(obj, nn.Module):
-        modules = list(obj.modules())
-        if all(type(m).train is _MODULE_TRAIN for m in modules):
-            for m in modules:
-                m.__dict__["training"] = training
-            return
+    if isinstance(obj, nn.Module) and _set_flags(obj, training):
+        return
     if training:
         obj.train()
     else:
@@ -145,6 +141,23 @@ def set_training_mode(obj: Any, training: bool) -> None:
 
 
 _MODULE_TRAIN = nn.Module.train
+
+
+def _set_flags(root: nn.Module, training: bool) -> bool:
+    """Set ``training`` on every module of the tree (a walk over ``_modules``, without the prefix
+    strings of ``named_modules``). Returns False, leaving the job to ``train``/``eval``, as soon as
+    a module overrides ``train`` (flags set before that are set again by that call)."""
+    stack: list[nn.Module | None] = [root]
+    while stack:
+        m = stack.pop()
+        if m is None:
+            continue
+        if type(m).train is not _MODULE_TRAIN:
+            return False
+        m.__dict__["training"] = training
+        stack.extend(m._modules.values())
+    return True
+
 
 _POLICY_SIGNATURES = {
     "generate_actions": "generate_actions(self, states, num_actions_per_state: int, **kwargs)"

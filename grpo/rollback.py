@@ -22,8 +22,17 @@ from torch import Tensor
 __all__ = ["UpdateSnapshot"]
 
 
+_IMMUTABLE = (int, float, bool, str, type(None))
+
+
 def _clone(v: Any) -> Any:
-    return v.detach().clone() if isinstance(v, Tensor) else copy.deepcopy(v)
+    """A copy of a param-group value; immutable ones (numbers, strings, None and tuples of them,
+    e.g. ``lr`` and ``betas``) are returned as they are (deepcopy would only return them too, slower)."""
+    if isinstance(v, Tensor):
+        return v.detach().clone()
+    if isinstance(v, _IMMUTABLE) or (isinstance(v, tuple) and all(isinstance(x, _IMMUTABLE) for x in v)):
+        return v
+    return copy.deepcopy(v)
 
 
 class UpdateSnapshot:
@@ -36,7 +45,7 @@ class UpdateSnapshot:
 
     def __init__(self) -> None:
         self._buffers: list[Tensor] = []
-        self._shapes: list[tuple[tuple[int, ...], torch.dtype, torch.device]] = []
+        self._shapes: list[tuple[torch.Size, torch.dtype, torch.device]] = []
         self.captured = False
 
     def capture(self, params: list[Tensor], optimizer: torch.optim.Optimizer, scheduler: Any = None) -> None:
@@ -59,12 +68,11 @@ class UpdateSnapshot:
         self.scheduler = scheduler
         self.scheduler_state = None if scheduler is None else copy.deepcopy(scheduler.state_dict())
         sources = [p.detach() for p in self.params] + self.state_tensors
-        shapes = [(tuple(t.shape), t.dtype, t.device) for t in sources]
+        shapes = [(t.shape, t.dtype, t.device) for t in sources]
         if shapes != self._shapes:
             self._buffers = [torch.empty_like(t) for t in sources]
             self._shapes = shapes
-        with torch.no_grad():
-            torch._foreach_copy_(self._buffers, sources)
+        torch._foreach_copy_(self._buffers, sources)  # detached sources: no autograd involved
         self.captured = True
 
     def restore(self) -> None:

@@ -83,12 +83,15 @@ def test_categorical_sampling_path_draws_what_categorical_draws() -> None:
     assert torch.equal(actions, expected)
     want = dist.log_prob(expected.T).T.reshape(-1)
     assert torch.allclose(out.log_probs, want, atol=1e-6)
+    torch.manual_seed(1)
+    assert torch.equal(policy.generate_actions(states, 8), expected)  # the plain sampler too
 
 
 def test_set_training_mode_matches_train_and_respects_overrides() -> None:
     from grpo.policy_base import set_training_mode
 
     net = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5), nn.Sequential(nn.Tanh()))
+    net.register_module("absent", None)  # a None child is allowed by nn.Module
     set_training_mode(net, False)
     assert [m.training for m in net.modules()] == [False] * 5
     set_training_mode(net, True)
