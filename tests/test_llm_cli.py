@@ -137,3 +137,39 @@ def test_cli_options_and_errors(setup: Path, tmp_path: Path) -> None:
         parse_args(
             ["--model-name", "m", "--dataset", "d", "--batch-size", "4", "--gradient-accumulation-steps", "3"]
         )
+
+
+def test_two_processes_shard_the_prompts_and_rank_0_writes(setup: Path, tmp_path: Path) -> None:
+    """Under torchrun-style launch (2 CPU processes, gloo) each step draws 2 x batch-size prompts,
+    each rank trains on its own half, and only rank 0 writes metrics and checkpoints."""
+    from tests.distributed_toys import launch
+    from tests.llm_distributed_toys import cli_worker
+
+    with open(tmp_path / "data.jsonl", "w") as f:
+        for i in range(9):  # 2 full global batches of 4; the 9th prompt is left out on 2 ranks
+            f.write(json.dumps({"q": f"{i}+1="}) + "\n")
+    toys = Path(__file__).with_name("llm_distributed_toys.py")
+    args = [
+        "--model-name", str(setup / "model"), "--dataset", str(tmp_path / "data.jsonl"),
+        "--prompt-column", "q", "--batch-size", "2", "--num-generations", "2", "--max-new-tokens", "2",
+        "--reward", f"{toys}:record_prompts", "--output-dir", str(tmp_path / "run"), "--save-steps", "1",
+        "--logging-steps", "1", "--device", "cpu", "--no-progress", "--seed", "3",
+    ]  # fmt: skip
+    (tmp_path / "args.json").write_text(json.dumps(args))
+    launch(cli_worker, tmp_path, world=2, timeout=240.0)
+
+    seen = [
+        [json.loads(line) for line in (tmp_path / f"prompts-rank{r}.jsonl").read_text().splitlines()]
+        for r in (0, 1)
+    ]
+    assert len(seen[0]) == len(seen[1]) == 2  # the same number of steps on both ranks
+    for step in range(2):
+        a, b = set(seen[0][step]), set(seen[1][step])
+        assert len(a) == len(b) == 2
+        assert not a & b
+    assert len({p for s in seen for step in s for p in step}) == 8
+    run = tmp_path / "run"
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [1.0, 2.0]  # written once, by rank 0
+    for d in ("checkpoint-1", "checkpoint-2", "final_model"):
+        assert (run / d / "model.safetensors").exists()

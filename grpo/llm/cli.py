@@ -19,11 +19,13 @@ Writes ``<output-dir>/checkpoint-{step}/`` every ``--save-steps`` steps and
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import importlib.util
 import json
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -33,6 +35,7 @@ from typing import Any
 import torch
 
 from grpo.config import GRPOConfig
+from grpo.distributed import get_rank, get_world_size, main_process_only, shard
 from grpo.llm._deps import require
 from grpo.llm.data import PromptDataset
 from grpo.llm.policy import CausalLMPolicy
@@ -313,37 +316,51 @@ def train(args: argparse.Namespace) -> dict[str, float]:
     reference = policy.reference_policy() if args.kl_coef > 0 else None
     trainer = GRPOTrainer(config, policy, rewards, reference_policy=reference)
 
-    out_dir = Path(args.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    total = dataset.num_batches(args.batch_size, args.num_epochs)
+    # Under torchrun / accelerate launch each step draws a global batch of world * batch_size
+    # prompts (the same order on every rank: same seed) and each rank takes its shard; only full
+    # global batches are used, so every rank takes the same number of steps.
+    world, rank = get_world_size(), get_rank()
+    main_proc = rank == 0
+    global_batch = args.batch_size * world
+    drop_last = world > 1
+    total = dataset.num_batches(global_batch, args.num_epochs, drop_last=drop_last)
+    if total == 0:
+        raise ValueError(
+            f"{len(dataset)} prompts do not fill one global batch of {global_batch} "
+            f"(--batch-size={args.batch_size} x {world} processes); use more prompts or a smaller "
+            f"--batch-size."
+        )
     if args.max_steps is not None:
         total = min(total, args.max_steps)
+    out_dir = Path(args.output_dir)
+    if main_proc:
+        out_dir.mkdir(parents=True, exist_ok=True)
     run = None
-    if args.use_wandb:
+    if args.use_wandb and main_proc:
         try:
             wandb = importlib.import_module("wandb")
         except ImportError as e:
             raise ImportError(f"--use-wandb needs Weights & Biases ({e}); pip install wandb") from e
         run = wandb.init(project=args.wandb_project, name=args.wandb_run_name, config=vars(args))
     bar = None
-    if not args.no_progress:
+    if not args.no_progress and main_proc:
         bar = require("tqdm").tqdm(total=total, desc="grpo", unit="step", dynamic_ncols=True)
     logger.info("%s\n%d prompts, %d steps", config, len(dataset), total)
     metrics: dict[str, float] = {}
     log_path = out_dir / "metrics.jsonl"
     t_start = time.perf_counter()
-    with open(log_path, "a", encoding="utf-8") as log_file:
-        for step, batch in enumerate(
-            dataset.batches(args.batch_size, seed=args.seed, epochs=args.num_epochs), 1
-        ):
+    batches = dataset.batches(global_batch, seed=args.seed, epochs=args.num_epochs, drop_last=drop_last)
+    with open(log_path if main_proc else os.devnull, "a", encoding="utf-8") as log_file:
+        for step, batch in enumerate(batches, 1):
             if step > total:
                 break
-            metrics = trainer.step(batch)
+            local = shard(batch, rank, world) if world > 1 else batch
+            metrics = trainer.step(local)
             metrics.update(rewards.last_metrics)
             gen = policy.last_generation
             metrics["completion/tokens"] = gen.get("completion_tokens", 0.0)
             metrics["completion/mean_length"] = metrics["completion/tokens"] / (
-                len(batch) * args.num_generations
+                len(local) * args.num_generations
             )
             metrics["throughput/tokens_per_s"] = metrics["completion/tokens"] / max(
                 metrics["time/step"], 1e-9
@@ -358,14 +375,20 @@ def train(args: argparse.Namespace) -> dict[str, float]:
                 finite = {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
                 log_file.write(json.dumps(finite) + "\n")
                 log_file.flush()
-                logger.info("step %d: reward %.4f", step, metrics["reward/mean"])
+                if main_proc:
+                    logger.info("step %d: reward %.4f", step, metrics["reward/mean"])
                 if run is not None:
                     run.log(metrics, step=step)
             if args.save_steps and step % args.save_steps == 0:
-                _save(policy, out_dir / f"checkpoint-{step}", step, args, metrics)
+                main_process_only(
+                    functools.partial(_save, policy, out_dir / f"checkpoint-{step}", step, args, metrics),
+                    None,
+                )
     if bar is not None:
         bar.close()
-    _save(policy, out_dir / "final_model", trainer.step_count, args, metrics)
+    main_process_only(
+        functools.partial(_save, policy, out_dir / "final_model", trainer.step_count, args, metrics), None
+    )
     logger.info(
         "done: %d steps in %.1f s; final model in %s",
         trainer.step_count,
