@@ -314,9 +314,14 @@ class GRPOObjective:
         *,
         logp_ref: Tensor | None = None,
         entropy: Tensor | None = None,
+        on_policy: bool = False,
     ) -> ObjectiveOutput:
         """Loss of one micro-batch. Shapes: logp, logp_old, mask, logp_ref, entropy (n, T);
         advantages (n,) or (n, T); ``normaliser`` from `normaliser` over the whole step.
+
+        ``on_policy=True`` declares ``logp_old`` to be ``logp.detach()`` (nothing has changed since
+        the actions were sampled, as in the first optimizer step of a trainer step): the ratio is
+        exactly 1 and the fused path skips computing it (same numbers, bitwise).
 
         The KL is computed (for metrics) whenever ``logp_ref`` is given; it enters the loss only
         when ``kl_coeff != 0``. The built-in "clip" loss with the built-in KL takes a fused path
@@ -324,7 +329,7 @@ class GRPOObjective:
         path (tests compare both to plain loops in float64).
         """
         if self.policy_loss == "clip" and self.loss_fn is None and self.kl_fn is None:
-            return self._fused(logp, logp_old, advantages, mask, normaliser, logp_ref, entropy)
+            return self._fused(logp, logp_old, advantages, mask, normaliser, logp_ref, entropy, on_policy)
         mf = mask.to(logp.dtype)  # the one float mask, shared by every masked sum below
         agg, z = self.aggregation, normaliser
         pg = self.policy_term(logp, logp_old, advantages, mask)
@@ -369,6 +374,7 @@ class GRPOObjective:
         normaliser: Tensor | float,
         logp_ref: Tensor | None,
         entropy: Tensor | None,
+        on_policy: bool = False,
     ) -> ObjectiveOutput:
         """The "clip" loss with the built-in KL and entropy terms, as one `_FusedLoss`.
 
@@ -386,20 +392,31 @@ class GRPOObjective:
             mf = mask.to(x.dtype)
             w = self._weights(mf, normaliser)  # None: the weight is mf / normaliser
             adv = advantages.unsqueeze(-1) if advantages.dim() == x.dim() - 1 else advantages
-            neg = adv < 0
-            log_ratio = x - logp_old
-            lrc = log_ratio.clamp(-c, c)
-            ratio = lrc.exp()
-            # the PPO clip and the log-ratio clamp as one clamp of the log-ratio with per-sample
-            # bounds: [-c, log(1 + eps_high)] for A >= 0, [log(1 - eps_low), log c_dual] for A < 0
-            clamped = log_ratio.clamp(torch.where(neg, log_lo, minus_c), torch.where(neg, log_cap, log_hi))
-            clip_low = (clamped > log_ratio) & neg  # A < 0 rows: raised to log(1 - eps_low)
-            clip_high = (clamped < log_ratio) & (adv > 0)  # A > 0 rows: cut to log(1 + eps_high)
-            active = clamped == log_ratio
-            del log_ratio  # (temporaries are released as soon as possible: peak memory)
-            pg = clamped.exp_().mul_(-adv)  # in the clamped log-ratio's buffer
-            g = pg * active  # d pg / d logp: no gradient where clamped (pg is finite)
-            del active, clamped
+            if on_policy:
+                # log-ratio 0: ratio exp(0) = 1, inside every clip bound, so pg = -A and its
+                # gradient is pg: what the general branch computes, bitwise, in a few ops
+                lrc = torch.zeros_like(x)
+                ratio = torch.ones_like(x)
+                clip_low = clip_high = lrc  # no step is clipped (a float zero row for the stats)
+                pg = (-adv).to(x.dtype).expand_as(x).clone()
+                g = pg.clone()
+            else:
+                neg = adv < 0
+                log_ratio = x - logp_old
+                lrc = log_ratio.clamp(-c, c)
+                ratio = lrc.exp()
+                # the PPO clip and the log-ratio clamp as one clamp of the log-ratio with per-sample
+                # bounds: [-c, log(1 + eps_high)] for A >= 0, [log(1 - eps_low), log c_dual] for A < 0
+                clamped = log_ratio.clamp(
+                    torch.where(neg, log_lo, minus_c), torch.where(neg, log_cap, log_hi)
+                )
+                clip_low = (clamped > log_ratio) & neg  # A < 0 rows: raised to log(1 - eps_low)
+                clip_high = (clamped < log_ratio) & (adv > 0)  # A > 0 rows: cut to log(1 + eps_high)
+                active = clamped == log_ratio
+                del log_ratio  # (temporaries are released as soon as possible: peak memory)
+                pg = clamped.exp_().mul_(-adv)  # in the clamped log-ratio's buffer
+                g = pg * active  # d pg / d logp: no gradient where clamped (pg is finite)
+                del active, clamped
             kl = None
             if logp_ref is not None:
                 kl, minus_grad = _kl_and_minus_grad(x, logp_ref, self.kl_estimator, c)

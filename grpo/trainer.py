@@ -573,6 +573,7 @@ class GRPOTrainer:
             1.0 if normaliser is None else normaliser,
             logp_ref=ref,
             entropy=lp.entropy,
+            on_policy=not params_changed,
         )
         out.loss.backward()  # type: ignore[no-untyped-call]
         return out, mask, old

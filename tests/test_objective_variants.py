@@ -475,3 +475,43 @@ def test_non_contiguous_inputs_give_the_same_result(n, t, agg):
     torch.testing.assert_close(strided.stats, plain.stats, atol=1e-12, rtol=1e-12)
     torch.testing.assert_close(strided.extremes, plain.extremes, atol=0, rtol=0)
     torch.testing.assert_close(g_strided, g_plain, atol=1e-15, rtol=1e-12)
+
+
+@pytest.mark.parametrize(("n", "t"), [(6, 5), (300, 128)])  # small and large statistics paths
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+@pytest.mark.parametrize(
+    ("kl_est", "entropy_kind", "dual", "dtype"),
+    [
+        ("k3", "exact_grad", None, torch.float64),
+        ("k1", "mc", 3.0, torch.float64),
+        ("k2", "exact_const", None, torch.float32),
+    ],
+)
+def test_on_policy_shortcut_is_bitwise_the_general_path(n, t, agg, kl_est, entropy_kind, dual, dtype):
+    """``on_policy=True`` (the trainer's first optimizer step, old = logp.detach()) skips the ratio
+    work; loss, statistics, extremes and gradients are exactly those of the general path."""
+    logp, _old, ref, adv, mask, ent = (
+        x.to(dtype) if x.is_floating_point() else x for x in random_inputs(n, t, 11)
+    )
+    obj = GRPOObjective(
+        kl_coeff=0.1, kl_estimator=kl_est, entropy_coeff=0.01, aggregation=agg, loss_normaliser=C_NORM,
+        dual_clip_c=dual,
+    )  # fmt: skip
+    outs = []
+    for shortcut in (True, False):
+        x = logp.clone().requires_grad_(True)
+        h = ent.clone().requires_grad_(entropy_kind == "exact_grad")
+        out = obj(
+            x, x.detach(), adv.float(), mask, obj.normaliser(mask), logp_ref=ref,
+            entropy=None if entropy_kind == "mc" else h, on_policy=shortcut,
+        )  # fmt: skip
+        inputs = [x, h] if entropy_kind == "exact_grad" else [x]
+        outs.append((out, torch.autograd.grad(out.loss, inputs)))
+    (fast, g_fast), (slow, g_slow) = outs
+    assert torch.equal(fast.loss, slow.loss)
+    assert torch.equal(fast.stats, slow.stats)
+    assert torch.equal(fast.extremes, slow.extremes)
+    for a, b in zip(g_fast, g_slow, strict=True):
+        assert torch.equal(a, b)
+    assert float(fast.sums["ratio_max"]) == 1.0
+    assert float(fast.sums["clip_low"]) == float(fast.sums["clip_high"]) == 0.0
