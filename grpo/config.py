@@ -320,6 +320,18 @@ class GRPOConfig:
             "background."
         ),
     )
+    sampler_is_cap: float | None = field(
+        default=None,
+        metadata=_help(
+            "Truncated importance sampling for a sampler whose numbers differ from the trainer's "
+            "(vLLM, a quantised or differently batched generator): the policy's "
+            "generate_actions_with_log_probs reports the sampler's log-probs of its actions, the "
+            "trainer computes its own behaviour log-probs with the same weights, and the policy "
+            "term of each step is weighted by min(exp(logp_old - logp_sampler), cap) (no gradient; "
+            "metrics sampler/is_weight_mean, sampler/is_frac_capped). > 0, typically 2. None = off: "
+            "the sampler's log-probs, when given, are the behaviour log-probs."
+        ),
+    )
     flush_denormals: bool = field(
         default=True,
         metadata=_help(
@@ -472,6 +484,8 @@ class GRPOConfig:
             raise bad("invalid_rewards", f"choose one of {INVALID_REWARD_POLICIES}")
         if self.reward_timeout is not None:
             check_float("reward_timeout", 0.0, False)
+        if self.sampler_is_cap is not None:
+            check_float("sampler_is_cap", 0.0, False)
         if not isinstance(self.flush_denormals, bool):
             raise bad("flush_denormals", "expected True or False")
         check_int("checkpoint_keep_last", 1, optional=True)

@@ -66,6 +66,9 @@ class ExperienceBatch:
         old_log_probs: (N, T) behaviour log-probs, recorded at collection (None when the update
             needs none: a single epoch with a single optimizer step is exactly on-policy).
         ref_log_probs: (N, T) reference log-probs (None when there is no KL term).
+        sampler_log_probs: (N, T) the log-probs the sampler reported with its actions
+            (``generate_actions_with_log_probs``), kept apart from ``old_log_probs`` when the
+            trainer corrects a sampler/trainer mismatch (``GRPOConfig.sampler_is_cap``).
         mask: (N, T) bool, True for real steps (None until a log-prob call has revealed T).
         advantages: (N,) float32, filled by the trainer.
         loss_rows: (N,) bool, the rows that enter the loss (None = all); filled with the
@@ -84,6 +87,7 @@ class ExperienceBatch:
     reward_components: dict[str, Tensor] = field(default_factory=dict)
     old_log_probs: Tensor | None = None
     ref_log_probs: Tensor | None = None
+    sampler_log_probs: Tensor | None = None
     mask: Tensor | None = None
     advantages: Tensor | None = None
     loss_rows: Tensor | None = None
@@ -310,6 +314,9 @@ class ExperienceCollector:
         reference_policy: computes ``ref_log_probs`` when given (only when a KL term is on).
         record_old_log_probs: compute behaviour log-probs at collection (needed when the update
             takes more than one optimizer step).
+        record_sampler_log_probs: sample through ``generate_actions_with_log_probs`` and keep
+            its log-probs as ``sampler_log_probs``; behaviour log-probs then come from a forward
+            of the policy (``GRPOConfig.sampler_is_cap``).
         invalid_rewards: ``"raise"`` on a None/NaN/inf reward, or ``"drop_groups"``: leave the
             groups holding one out of the batch (counted in ``batch.dropped_groups``).
         reward_timeout: seconds one reward call may take (None = no limit); see
@@ -325,6 +332,7 @@ class ExperienceCollector:
         *,
         reference_policy: PolicyModel | None = None,
         record_old_log_probs: bool = True,
+        record_sampler_log_probs: bool = False,
         invalid_rewards: str = "raise",
         reward_timeout: float | None = None,
     ) -> None:
@@ -334,6 +342,7 @@ class ExperienceCollector:
         self.device = device
         self.reference_policy = reference_policy
         self.record_old_log_probs = record_old_log_probs
+        self.record_sampler_log_probs = record_sampler_log_probs
         self.invalid_rewards = invalid_rewards
         self.reward_timeout = reward_timeout
         self._ids_cache: tuple[tuple[int, int, torch.device], Tensor] | None = None
@@ -507,7 +516,8 @@ class ExperienceCollector:
             t0 = time.perf_counter()
             set_training_mode(self.policy, False)
             behaviour: Tensor | PolicyOutput | None = None
-            if record_old and has_method(self.policy, "generate_actions_with_log_probs"):
+            sampler = self.record_sampler_log_probs
+            if (record_old or sampler) and has_method(self.policy, "generate_actions_with_log_probs"):
                 raw_actions, behaviour = self.policy.generate_actions_with_log_probs(  # type: ignore[attr-defined]
                     states, self.group_size, **generate_kwargs
                 )
@@ -535,12 +545,25 @@ class ExperienceCollector:
                 reward_components=comps,
                 dropped_groups=num_states - len(states),
             )
+            reported: LogProbs | None = None
+            if behaviour is not None:
+                where = _where(self.policy, "generate_actions_with_log_probs")
+                reported = _normalise(behaviour, n, where, self.device)
+                if kept is not None:  # groups were dropped after generation
+                    reported = LogProbs(
+                        select_rows(reported.log_probs, kept), select_rows(reported.mask, kept)
+                    )
+                if sampler:
+                    batch.sampler_log_probs = reported.log_probs.detach()
+            elif sampler:
+                raise TypeError(
+                    f"{_where(self.policy, 'generate_actions_with_log_probs')} is needed to correct a "
+                    f"sampler/trainer mismatch (sampler_is_cap): the policy must report the sampler's "
+                    f"log-probs of its actions."
+                )
             if record_old:
-                if behaviour is not None:
-                    where = _where(self.policy, "generate_actions_with_log_probs")
-                    old = _normalise(behaviour, n, where, self.device)
-                    if kept is not None:  # groups were dropped after generation
-                        old = LogProbs(select_rows(old.log_probs, kept), select_rows(old.mask, kept))
+                if reported is not None and not sampler:
+                    old = reported  # the sampler's log-probs are the behaviour log-probs
                 else:
                     old = evaluate_log_probs(self.policy, batch, device=self.device)
                 batch.old_log_probs, batch.mask = old.log_probs.detach(), old.mask

@@ -315,6 +315,7 @@ class GRPOObjective:
         logp_ref: Tensor | None = None,
         entropy: Tensor | None = None,
         on_policy: bool = False,
+        is_weights: Tensor | None = None,
     ) -> ObjectiveOutput:
         """Loss of one micro-batch. Shapes: logp, logp_old, mask, logp_ref, entropy (n, T);
         advantages (n,) or (n, T); ``normaliser`` from `normaliser` over the whole step.
@@ -323,16 +324,24 @@ class GRPOObjective:
         the actions were sampled, as in the first optimizer step of a trainer step): the ratio is
         exactly 1 and the fused path skips computing it (same numbers, bitwise).
 
+        ``is_weights`` (n, T), no gradient: per-step weights of the policy term (the truncated
+        importance-sampling correction of a sampler/trainer mismatch, see
+        `GRPOConfig.sampler_is_cap`); the KL and entropy terms are not weighted.
+
         The KL is computed (for metrics) whenever ``logp_ref`` is given; it enters the loss only
         when ``kl_coeff != 0``. The built-in "clip" loss with the built-in KL takes a fused path
         (values and per-step gradients in one no-grad pass, `_FusedLoss`); it equals the composed
         path (tests compare both to plain loops in float64).
         """
         if self.policy_loss == "clip" and self.loss_fn is None and self.kl_fn is None:
-            return self._fused(logp, logp_old, advantages, mask, normaliser, logp_ref, entropy, on_policy)
+            return self._fused(
+                logp, logp_old, advantages, mask, normaliser, logp_ref, entropy, on_policy, is_weights
+            )
         mf = mask.to(logp.dtype)  # the one float mask, shared by every masked sum below
         agg, z = self.aggregation, normaliser
         pg = self.policy_term(logp, logp_old, advantages, mask)
+        if is_weights is not None:
+            pg = pg._replace(loss=pg.loss * is_weights)
         per_step = pg.loss  # aggregate() is linear: aggregate the sum of the terms once
         kl: Tensor | None = None
         if logp_ref is not None:
@@ -375,6 +384,7 @@ class GRPOObjective:
         logp_ref: Tensor | None,
         entropy: Tensor | None,
         on_policy: bool = False,
+        is_weights: Tensor | None = None,
     ) -> ObjectiveOutput:
         """The "clip" loss with the built-in KL and entropy terms, as one `_FusedLoss`.
 
@@ -399,6 +409,8 @@ class GRPOObjective:
                 ratio = torch.ones_like(x)
                 clip_low = clip_high = lrc  # no step is clipped (a float zero row for the stats)
                 pg = (-adv).to(x.dtype).expand_as(x).clone()
+                if is_weights is not None:
+                    pg.mul_(is_weights)
                 g = pg.clone()
             else:
                 neg = adv < 0
@@ -415,6 +427,8 @@ class GRPOObjective:
                 active = clamped == log_ratio
                 del log_ratio  # (temporaries are released as soon as possible: peak memory)
                 pg = clamped.exp_().mul_(-adv)  # in the clamped log-ratio's buffer
+                if is_weights is not None:
+                    pg.mul_(is_weights)
                 g = pg * active  # d pg / d logp: no gradient where clamped (pg is finite)
                 del active, clamped
             kl = None

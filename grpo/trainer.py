@@ -81,6 +81,7 @@ _ADVANTAGE_METRICS = (
     "advantage/max",
     "reward/frac_zero_std",
 )
+_IS_METRICS = ("sampler/is_weight_mean", "sampler/is_frac_capped")
 _N_LOSSES = 4  # STAT_NAMES[:4]: loss, policy_loss, kl_loss, entropy (aggregated like the loss)
 _STEPS = STAT_NAMES.index("steps")
 # update() metrics in the order of its values vector: the aggregated losses (mean over optimizer
@@ -205,6 +206,7 @@ class GRPOTrainer:
             self.device,
             reference_policy=self.reference_policy,
             record_old_log_probs=multi_step,
+            record_sampler_log_probs=config.sampler_is_cap is not None,
             invalid_rewards=config.invalid_rewards,
             reward_timeout=config.reward_timeout,
         )
@@ -228,6 +230,17 @@ class GRPOTrainer:
             self.optimizer, config.lr_schedule, config.warmup_steps, config.total_steps, config.lr_min_ratio
         )
         self._exact_entropy = has_method(self.policy, "evaluate_actions")
+        if config.sampler_is_cap is not None and not has_method(
+            self.policy, "generate_actions_with_log_probs"
+        ):
+            raise TypeError(
+                f"GRPOConfig(sampler_is_cap={config.sampler_is_cap}) corrects a sampler/trainer "
+                f"mismatch, so the policy must report its sampler's log-probs: "
+                f"{type(self.policy).__name__} has no generate_actions_with_log_probs(states, G) -> "
+                f"(actions, log_probs). Add it, or set sampler_is_cap=None."
+            )
+        # names of the update's statistics vector (`_update`)
+        self._update_names = _UPDATE_METRICS + (_IS_METRICS if config.sampler_is_cap is not None else ())
         self._update_snapshot = UpdateSnapshot()  # buffers reused by every step's rollback copy
         self.step_count = 0
         self.non_finite_steps = 0
@@ -314,7 +327,7 @@ class GRPOTrainer:
             self.refresh_reference()
 
         if update is not None:
-            names += _UPDATE_METRICS
+            names += self._update_names
             values = torch.cat([values, update])
         metrics = dict(zip(names, values.detach().tolist(), strict=True))
         metrics.update({f"time/{k}": v for k, v in batch.timings.items()})
@@ -394,7 +407,7 @@ class GRPOTrainer:
     def update(self, batch: ExperienceBatch) -> dict[str, Tensor]:
         """Optimise the policy on ``batch`` (advantages filled). Returns loss/ratio/KL statistics."""
         values = self._update(batch)
-        return {} if values is None else dict(zip(_UPDATE_METRICS, values.unbind(), strict=True))
+        return {} if values is None else dict(zip(self._update_names, values.unbind(), strict=True))
 
     def _update(self, batch: ExperienceBatch) -> Tensor | None:
         """`update` with the statistics as one vector (names `_UPDATE_METRICS`); None when there
@@ -430,6 +443,7 @@ class GRPOTrainer:
 
         set_training_mode(self.policy, True)
         self._failed_update: tuple[float, float] | None = None
+        self._is_sums: Tensor | None = None  # (sum of IS weights, capped steps) over valid steps
         multi = cfg.optimizer_steps_per_step > 1
         snapshot: UpdateSnapshot | None = None
         if multi:
@@ -506,14 +520,15 @@ class GRPOTrainer:
         self._valid_steps = total[_STEPS]  # weight of this rank's metrics across processes
         counters = torch.stack([grad_sum / n_opt, grad_sum.new_full((), float(self.non_finite_steps))])
         extremes[0] = -extremes[0]  # (-min ratio, max ratio) -> (min, max)
-        return torch.cat(
-            [
-                total[:_N_LOSSES] / n_opt,
-                total[_N_LOSSES + 1 :] / total[_STEPS].clamp(min=1.0),
-                extremes,
-                counters.to(total.dtype),
-            ]
-        ).float()
+        parts = [
+            total[:_N_LOSSES] / n_opt,
+            total[_N_LOSSES + 1 :] / total[_STEPS].clamp(min=1.0),
+            extremes,
+            counters.to(total.dtype),
+        ]
+        if self._is_sums is not None:  # sampler/trainer mismatch: mean weight, fraction capped
+            parts.append((self._is_sums / total[_STEPS].clamp(min=1.0)).to(total.dtype))
+        return torch.cat(parts).float()
 
     def _normaliser(self, batch: ExperienceBatch, rows: Tensor | None) -> Tensor | None:
         """The aggregation normaliser of one optimizer step, or None if the mask is not known yet."""
@@ -565,6 +580,7 @@ class GRPOTrainer:
             _check_same_shape(ref, logp, "reference log-probs", self.policy)
         adv = select_rows(batch.advantages, rows)
         mask = self._loss_mask(batch, lp.mask, rows)
+        is_weights = self._is_weights(batch, rows, old, logp, mask)
         out = self.objective(
             logp,
             old,
@@ -574,9 +590,34 @@ class GRPOTrainer:
             logp_ref=ref,
             entropy=lp.entropy,
             on_policy=not params_changed,
+            is_weights=is_weights,
         )
         out.loss.backward()  # type: ignore[no-untyped-call]
         return out, mask, old
+
+    def _is_weights(
+        self, batch: ExperienceBatch, rows: Tensor | None, old: Tensor, logp: Tensor, mask: Tensor
+    ) -> Tensor | None:
+        """Truncated importance weights ``min(exp(logp_old - logp_sampler), cap)`` (n, T) of a
+        sampler/trainer mismatch (``config.sampler_is_cap``), or None when the correction is off.
+        Adds (sum of weights, capped steps) over valid steps to ``self._is_sums``."""
+        cap = self.config.sampler_is_cap
+        if cap is None:
+            return None
+        sampler = select_rows(batch.sampler_log_probs, rows)
+        if sampler is None:
+            raise ValueError(
+                "sampler_is_cap is set but this batch has no sampler_log_probs; build it with "
+                "trainer.collect(), which records them."
+            )
+        _check_same_shape(sampler, logp, "sampler log-probs", self.policy)
+        with torch.no_grad():
+            raw = torch.exp(old.detach() - sampler)
+            weights = raw.clamp(max=cap)
+            mf = mask.to(weights.dtype)
+            sums = torch.stack([(weights * mf).sum(), ((raw > cap) * mf).sum()])
+            self._is_sums = sums if self._is_sums is None else self._is_sums + sums
+        return weights
 
     def _clip_and_step(self, loss: Tensor | None = None) -> Tensor:
         """Clip the gradient norm, then step the optimizer unless the gradient or the loss is not

@@ -515,3 +515,37 @@ def test_on_policy_shortcut_is_bitwise_the_general_path(n, t, agg, kl_est, entro
         assert torch.equal(a, b)
     assert float(fast.sums["ratio_max"]) == 1.0
     assert float(fast.sums["clip_low"]) == float(fast.sums["clip_high"]) == 0.0
+
+
+# ---- importance weights of a sampler/trainer mismatch (GRPOConfig.sampler_is_cap) ---------------
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+@pytest.mark.parametrize("on_policy", [False, True])
+def test_is_weights_scale_the_policy_term_only(agg, on_policy):
+    logp, old, ref, adv, mask, _ent = random_inputs(seed=13, spread=1.0)
+    if on_policy:
+        old = logp.clone()
+    w_is = torch.rand(logp.shape, generator=torch.Generator().manual_seed(1), dtype=D) * 2
+    kw = {"clip_epsilon": EPS_LO, "clip_epsilon_high": EPS_HI, "kl_coeff": 0.1, "entropy_coeff": 0.01,
+          "aggregation": agg, "loss_normaliser": C_NORM}  # fmt: skip
+    results = []
+    for obj in (GRPOObjective(**kw), _composed(**kw)):
+        x = logp.clone().requires_grad_(True)
+        out = obj(x, old, adv, mask, obj.normaliser(mask), logp_ref=ref, is_weights=w_is, on_policy=on_policy)
+        results.append((out, torch.autograd.grad(out.loss, x)[0]))
+        ones = obj(x, old, adv, mask, obj.normaliser(mask), logp_ref=ref, is_weights=torch.ones_like(w_is),
+                   on_policy=on_policy)  # fmt: skip
+        plain = obj(x, old, adv, mask, obj.normaliser(mask), logp_ref=ref, on_policy=on_policy)
+        assert torch.equal(ones.loss, plain.loss)  # weights of 1 change nothing
+        assert torch.equal(ones.stats, plain.stats)
+    (fused, g_fused), (composed, g_composed) = results
+    torch.testing.assert_close(fused.loss, composed.loss, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(fused.stats, composed.stats, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(g_fused, g_composed, atol=1e-12, rtol=1e-10)
+    # by hand: weighted policy term + unweighted KL and entropy estimate, aggregated
+    r = torch.exp((logp - old).clamp(-20, 20))
+    a = adv[:, None]
+    pg = -torch.minimum(r * a, r.clamp(1 - EPS_LO, 1 + EPS_HI) * a)
+    d = ref - logp
+    per_step = w_is * pg + 0.1 * (torch.exp(d) - d - 1) - 0.01 * -logp
+    expected = (per_step * _weight(agg, mask)).sum()
+    assert float(fused.loss.detach()) == pytest.approx(float(expected), rel=1e-10, abs=1e-12)

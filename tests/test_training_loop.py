@@ -273,9 +273,14 @@ def test_every_glossary_key_is_in_every_jsonl_line(tmp_path: Path) -> None:
 
 def test_optional_glossary_keys_appear_exactly_when_their_option_is_on() -> None:
     optional = set(glossary_keys(optional=True))
-    assert optional == {"advantage/frac_dropped_groups", "reward/dropped_groups"}
+    assert optional == {
+        "advantage/frac_dropped_groups",
+        "reward/dropped_groups",
+        "sampler/is_weight_mean",
+        "sampler/is_frac_capped",
+    }
     always = set(glossary_keys())
-    on = make_trainer(drop_zero_variance_groups=True, invalid_rewards="drop_groups")
+    on = make_trainer(drop_zero_variance_groups=True, invalid_rewards="drop_groups", sampler_is_cap=2.0)
     logged = set(on.step(bandit_states(4)))
     assert optional <= logged
     assert logged - always - optional == set(), "logged keys missing from docs/metrics.md"
