@@ -122,22 +122,30 @@ def test_first_epoch_ratio_is_exactly_one_and_later_epochs_reuse_rollouts(
     assert m["kl/old"] > 0.0
 
 
+@pytest.mark.parametrize("micro", [None, 2])  # 2: the first epoch's pieces are put together in row order
 @pytest.mark.parametrize("kl", [0.0, 0.1])
 def test_epochs_take_behaviour_log_probs_from_the_first_forward(
-    contextual: ContextualBandit, kl: float
+    contextual: ContextualBandit, kl: float, micro: int | None
 ) -> None:
     """One optimizer step per epoch: the first epoch's forward runs before any weight change, so
     it gives the behaviour log-probs and collection makes no forward of its own. The update equals
     the one with old log-probs recorded at collection (trainer.collect + update)."""
     cfg = GRPOConfig(
-        group_size=4, batch_size=8, num_epochs_per_update=3, kl_coeff=kl, learning_rate=3e-2, seed=0
+        group_size=4,
+        batch_size=8,
+        micro_batch_size=micro,
+        num_epochs_per_update=3,
+        kl_coeff=kl,
+        learning_rate=3e-2,
+        seed=0,
     )
+    calls_per_epoch = 1 if micro is None else 8 // micro
     gen_state = contextual.gen.get_state()
     torch.manual_seed(0)
     policy = Counting(contextual.policy())
     trainer = make(cfg, policy, contextual.reward)
     m = trainer.step(contextual.states(8))
-    assert policy.calls["get_log_probabilities"] == 3  # one per epoch, none at collection
+    assert policy.calls["get_log_probabilities"] == 3 * calls_per_epoch  # none at collection
     assert m["ratio/max"] > 1.0 > m["ratio/min"]  # epochs 2-3 saw the first epoch's log-probs
 
     contextual.gen.set_state(gen_state)
@@ -148,7 +156,7 @@ def test_epochs_take_behaviour_log_probs_from_the_first_forward(
     assert batch.old_log_probs is not None  # collect() always records them
     manual.compute_advantages(batch)
     stats = manual.update(batch)
-    assert recorded.calls["get_log_probabilities"] == 4
+    assert recorded.calls["get_log_probabilities"] == 1 + 3 * calls_per_epoch
     for a, b in zip(policy.inner.parameters(), recorded.inner.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6)
     assert float(stats["ratio/max"]) == pytest.approx(m["ratio/max"], abs=1e-6)
