@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from grpo.config import GRPOConfig
-from grpo.distributed import get_rank, get_world_size, main_process_only, shard
+from grpo.distributed import get_world_size, is_main_process, main_process_only, rank_batches
 from grpo.llm._deps import require
 from grpo.llm.data import PromptDataset
 from grpo.llm.policy import CausalLMPolicy
@@ -319,8 +319,8 @@ def train(args: argparse.Namespace) -> dict[str, float]:
     # Under torchrun / accelerate launch each step draws a global batch of world * batch_size
     # prompts (the same order on every rank: same seed) and each rank takes its shard; only full
     # global batches are used, so every rank takes the same number of steps.
-    world, rank = get_world_size(), get_rank()
-    main_proc = rank == 0
+    world = get_world_size()
+    main_proc = is_main_process()
     global_batch = args.batch_size * world
     drop_last = world > 1
     total = dataset.num_batches(global_batch, args.num_epochs, drop_last=drop_last)
@@ -349,12 +349,15 @@ def train(args: argparse.Namespace) -> dict[str, float]:
     metrics: dict[str, float] = {}
     log_path = out_dir / "metrics.jsonl"
     t_start = time.perf_counter()
-    batches = dataset.batches(global_batch, seed=args.seed, epochs=args.num_epochs, drop_last=drop_last)
+    # each global batch from the prompt list, cut into this rank's share (identity on one process)
+    batches = rank_batches(
+        dataset.records,
+        dataset.batches(global_batch, seed=args.seed, epochs=args.num_epochs, drop_last=drop_last),
+    )
     with open(log_path if main_proc else os.devnull, "a", encoding="utf-8") as log_file:
-        for step, batch in enumerate(batches, 1):
+        for step, local in enumerate(batches, 1):
             if step > total:
                 break
-            local = shard(batch, rank, world) if world > 1 else batch
             metrics = trainer.step(local)
             metrics.update(rewards.last_metrics)
             gen = policy.last_generation
