@@ -9,17 +9,22 @@ arithmetic, so these two pieces matter:
   (Loshchilov & Hutter, 2019); results agree to float rounding, not bitwise.
 * `clip_grad_norm`: the computation of ``torch.nn.utils.clip_grad_norm_`` (foreach norms, the
   total 2-norm, ``coef = min(1, max_norm / (norm + 1e-6))``, one foreach multiply) without its
-  per-call grouping of tensors by device and dtype.
+  per-call grouping of tensors by device and dtype. The coefficient is computed on the host from
+  the norm's value, rounded as torch rounds it (`clip_coefficient`), so the clipped gradients are
+  bitwise torch's; the trainer reads the norm anyway (to check it is finite), and the multiply
+  is skipped when the coefficient is 1.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["clip_grad_norm", "default_optimizer"]
+__all__ = ["clip_coefficient", "clip_grad_norm", "default_optimizer", "grad_norm", "scale_grads"]
 
 _FUSED_DEVICES = ("cpu", "cuda")
 
@@ -38,29 +43,56 @@ def default_optimizer(params: Sequence[Tensor], lr: float, weight_decay: float) 
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=True)
 
 
+def grad_norm(grads: Sequence[Tensor]) -> Tensor:
+    """Total 2-norm ``sqrt(sum_i ||g_i||^2)`` of ``grads`` (a scalar on the first gradient's device,
+    in their dtype when they share one, else float32); 0 for no gradient; NaN/inf when one is not
+    finite."""
+    if not grads:
+        return torch.zeros(())
+    if len({(g.device, g.dtype) for g in grads}) == 1:
+        norm: Tensor = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(list(grads))))
+        return norm
+    # mixed devices or dtypes: one norm per tensor, summed on the first device in float32
+    dev = grads[0].device
+    mixed: Tensor = torch.linalg.vector_norm(torch.stack([g.norm().float().to(dev) for g in grads]))
+    return mixed
+
+
+def clip_coefficient(norm: float, max_norm: float, dtype: torch.dtype) -> float:
+    """``min(1, max_norm / (norm + 1e-6))`` rounded as ``clip_grad_norm_`` computes it on a norm of
+    ``dtype`` (float32: in float32, as ``reciprocal(norm + 1e-6) * max_norm``), so that scaling by
+    it gives bitwise the gradients torch's clipping gives. ``norm`` must be finite."""
+    if dtype == torch.float32:
+        x = np.float32(norm) + np.float32(1e-6)
+        return min(float((np.float32(1.0) / x) * np.float32(max_norm)), 1.0)
+    if dtype == torch.float64:
+        return min((1.0 / (norm + 1e-6)) * max_norm, 1.0)
+    return float((max_norm / (torch.tensor(norm, dtype=dtype) + 1e-6)).clamp_(max=1.0))
+
+
+def scale_grads(grads: Sequence[Tensor], coef: float) -> None:
+    """Multiply every gradient in place by the Python float ``coef``."""
+    if len({(g.device, g.dtype) for g in grads}) == 1:
+        torch._foreach_mul_(list(grads), coef)
+    else:
+        for g in grads:
+            g.mul_(coef)
+
+
 def clip_grad_norm(params: Sequence[Tensor], max_norm: float | None) -> Tensor:
     """Total 2-norm of the gradients of ``params`` (those that have one); if ``max_norm`` is set,
     scale them in place by ``min(1, max_norm / (norm + 1e-6))``, as ``clip_grad_norm_`` does.
 
-    Returns the norm before clipping (a float32 scalar on the gradients' device; NaN/inf when a
-    gradient is not finite, and then the gradients are left to the caller). With no gradient at
-    all it returns 0.
+    Returns the norm before clipping (a scalar on the gradients' device, in their dtype; NaN/inf
+    when a gradient is not finite, and then the gradients are left to the caller). With no
+    gradient at all it returns 0.
     """
     grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros(())
-    uniform = len({(g.device, g.dtype) for g in grads}) == 1
-    norm: Tensor
-    if uniform:
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    else:  # mixed devices or dtypes: one norm per tensor, summed on the first device in float32
-        dev = grads[0].device
-        norm = torch.linalg.vector_norm(torch.stack([g.norm().float().to(dev) for g in grads]))
-    if max_norm is not None:
-        coef = (max_norm / (norm + 1e-6)).clamp_(max=1.0)
-        if uniform:
-            torch._foreach_mul_(grads, coef)
-        else:
-            for g in grads:
-                g.mul_(coef.to(device=g.device, dtype=g.dtype))
+    norm = grad_norm(grads)
+    if max_norm is not None and grads:
+        value = float(norm)
+        if math.isfinite(value):
+            coef = clip_coefficient(value, max_norm, norm.dtype)
+            if coef < 1.0:  # torch multiplies by 1.0 then: the same gradients
+                scale_grads(grads, coef)
     return norm

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import math
 import os
 import random
 import time
@@ -49,7 +50,7 @@ from grpo.experience_collector import (
 from grpo.grpo_objective import STAT_NAMES, GRPOObjective, ObjectiveOutput
 from grpo.kl import KLFn
 from grpo.lr_schedules import build_scheduler
-from grpo.optim import clip_grad_norm, default_optimizer
+from grpo.optim import clip_coefficient, default_optimizer, grad_norm, scale_grads
 from grpo.policy_base import (
     PolicyModel,
     check_policy,
@@ -326,10 +327,9 @@ class GRPOTrainer:
         if freq is not None and self.step_count % freq == 0:
             self.refresh_reference()
 
-        if update is not None:
-            names += self._update_names
-            values = torch.cat([values, update])
         metrics = dict(zip(names, values.detach().tolist(), strict=True))
+        if update is not None:
+            metrics.update(zip(self._update_names, update, strict=True))
         metrics.update({f"time/{k}": v for k, v in batch.timings.items()})
         metrics["time/update"] = t2 - t1
         metrics["time/step"] = time.perf_counter() - t0
@@ -407,10 +407,12 @@ class GRPOTrainer:
     def update(self, batch: ExperienceBatch) -> dict[str, Tensor]:
         """Optimise the policy on ``batch`` (advantages filled). Returns loss/ratio/KL statistics."""
         values = self._update(batch)
-        return {} if values is None else dict(zip(self._update_names, values.unbind(), strict=True))
+        if values is None:
+            return {}
+        return dict(zip(self._update_names, torch.tensor(values, device=self.device).unbind(), strict=True))
 
-    def _update(self, batch: ExperienceBatch) -> Tensor | None:
-        """`update` with the statistics as one vector (names `_UPDATE_METRICS`); None when there
+    def _update(self, batch: ExperienceBatch) -> list[float] | None:
+        """`update` with the statistics as floats (names ``self._update_names``); None when there
         is nothing to train."""
         if self.optimizer is None:
             if not self._warned_nothing_to_train:
@@ -434,10 +436,9 @@ class GRPOTrainer:
         micro = cfg.resolved_micro_batch_size
         uniform = batch.group_size
         device = self.device
-        zero = torch.zeros((), device=device)
         total: Tensor | float = 0.0  # sum over optimizer steps of the objective's stats vector
-        extremes = torch.full((2,), -torch.inf, device=device)  # (-min ratio, max ratio)
-        grad_sum = zero
+        extremes: Tensor | None = None  # (-min ratio, max ratio) over the micro-batches so far
+        grad_sum = 0.0  # sum of the optimizer steps' gradient norms
         n_opt = 0
         params_changed = False
 
@@ -479,7 +480,7 @@ class GRPOTrainer:
                         whole_batch_normaliser = normaliser
                 self.optimizer.zero_grad(set_to_none=True)
                 step_stats: Tensor | float = 0.0  # the objective's stats, summed over micro-batches
-                deferred = zero
+                deferred: Tensor | float = 0.0
                 for m_start in range(0, _count(step_groups, num_groups), micro):
                     groups = _sub(step_groups, m_start, micro, num_groups)
                     rows = _rows_of(batch, groups, uniform, device)
@@ -489,7 +490,7 @@ class GRPOTrainer:
                     if old_pieces is not None:
                         old_pieces.append(logp)
                     step_stats = out.stats if isinstance(step_stats, float) else step_stats + out.stats
-                    extremes = torch.maximum(extremes, out.extremes)
+                    extremes = out.extremes if extremes is None else torch.maximum(extremes, out.extremes)
                     if normaliser is None:
                         deferred = deferred + self.objective.normaliser(mask)
                 assert isinstance(step_stats, Tensor)
@@ -499,6 +500,7 @@ class GRPOTrainer:
                 if normaliser is None:
                     # The mask was unknown before the forwards: the micro-batch losses were sums,
                     # so dividing gradients and losses by the step's normaliser now is exact.
+                    assert isinstance(deferred, Tensor)
                     if self.distributed is not None:
                         deferred = self.distributed.all_reduce_sum(deferred)  # global count
                     grads = [p.grad for p in self.params if p.grad is not None]
@@ -517,18 +519,19 @@ class GRPOTrainer:
             self._contain_non_finite(snapshot, *self._failed_update)
 
         assert isinstance(total, Tensor)
-        self._valid_steps = total[_STEPS]  # weight of this rank's metrics across processes
-        counters = torch.stack([grad_sum / n_opt, grad_sum.new_full((), float(self.non_finite_steps))])
-        extremes[0] = -extremes[0]  # (-min ratio, max ratio) -> (min, max)
-        parts = [
-            total[:_N_LOSSES] / n_opt,
-            total[_N_LOSSES + 1 :] / total[_STEPS].clamp(min=1.0),
-            extremes,
-            counters.to(total.dtype),
-        ]
+        assert extremes is not None
+        # to the host once: the divisions below are a few Python floats (the metrics end as floats)
+        sums = total.tolist()
+        neg_min, ratio_max = extremes.tolist()
+        steps = sums[_STEPS]
+        self._valid_steps = steps  # weight of this rank's metrics across processes
+        per_step = max(steps, 1.0)
+        values = [v / n_opt for v in sums[:_N_LOSSES]]
+        values += [v / per_step for v in sums[_N_LOSSES + 1 :]]
+        values += [-neg_min, ratio_max, grad_sum / n_opt, float(self.non_finite_steps)]
         if self._is_sums is not None:  # sampler/trainer mismatch: mean weight, fraction capped
-            parts.append((self._is_sums / total[_STEPS].clamp(min=1.0)).to(total.dtype))
-        return torch.cat(parts).float()
+            values += [v / per_step for v in self._is_sums.tolist()]
+        return values
 
     def _normaliser(self, batch: ExperienceBatch, rows: Tensor | None) -> Tensor | None:
         """The aggregation normaliser of one optimizer step, or None if the mask is not known yet."""
@@ -619,25 +622,42 @@ class GRPOTrainer:
             self._is_sums = sums if self._is_sums is None else self._is_sums + sums
         return weights
 
-    def _clip_and_step(self, loss: Tensor | None = None) -> Tensor:
+    def _clip_and_step(self, loss: Tensor | None = None) -> float:
         """Clip the gradient norm, then step the optimizer unless the gradient or the loss is not
-        finite (then record ``self._failed_update`` and leave the weights alone)."""
+        finite (then record ``self._failed_update`` and leave the weights alone). Returns the
+        norm before clipping.
+
+        The norm and the loss are read to the host together (one synchronisation); the clipping
+        coefficient is computed there (`grpo.optim.clip_coefficient`, bitwise torch's).
+        """
         assert self.optimizer is not None
         if self.distributed is not None:
             # sum: each rank's loss used the global count; the loss rides in the same all-reduce,
             # so every rank decides on the global loss
             reduced = self.distributed.all_reduce_gradients(loss)
             loss = reduced if loss is not None else None
-        norm = clip_grad_norm(self.params, self.config.max_grad_norm)
-        # one check for both: a sum is finite only if both terms are
-        if bool(torch.isfinite(norm if loss is None else norm + loss)):
+        grads = [p.grad for p in self.params if p.grad is not None]
+        norm = grad_norm(grads)
+        if loss is None:
+            values = [float(norm)]
+        elif loss.device == norm.device and loss.dtype == norm.dtype:
+            values = torch.stack([norm, loss.detach()]).tolist()
+        else:
+            values = [float(norm), float(loss)]
+        norm_value = values[0]
+        if all(math.isfinite(v) for v in values):
+            max_norm = self.config.max_grad_norm
+            if max_norm is not None and grads:
+                coef = clip_coefficient(norm_value, max_norm, norm.dtype)
+                if coef < 1.0:
+                    scale_grads(grads, coef)
             self.optimizer.step()
             if self.scheduler is not None:
                 self.scheduler.step()
         else:
             self.optimizer.zero_grad(set_to_none=True)
-            self._failed_update = (float(norm), float("nan") if loss is None else float(loss))
-        return norm.detach()
+            self._failed_update = (norm_value, values[1] if len(values) > 1 else float("nan"))
+        return norm_value
 
     # ---- algorithm variants (issue 3) ----------------------------------------------------
     def _kl_reward_penalty(self, batch: ExperienceBatch) -> Tensor | None:
@@ -741,7 +761,7 @@ class GRPOTrainer:
             raise FloatingPointError(msg + " (GRPOConfig(non_finite='skip') skips such steps instead.)")
         warnings.warn(msg, RuntimeWarning, stacklevel=4)
 
-    def _update_or_roll_back(self, batch: ExperienceBatch) -> Tensor | None:
+    def _update_or_roll_back(self, batch: ExperienceBatch) -> list[float] | None:
         """`update`, undoing its optimizer steps if it raises (e.g. a policy that returns log-probs
         of a new shape in the second epoch), so a failed step leaves the weights as they were."""
         self._rollback = None

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from grpo.optim import clip_grad_norm, default_optimizer
+from grpo.optim import clip_coefficient, clip_grad_norm, default_optimizer
 
 
 def _grads(seed: int, scale: float) -> list[nn.Parameter]:
@@ -34,6 +34,34 @@ def test_clip_grad_norm_matches_torch(max_norm: float | None) -> None:
     if max_norm == 0.5:
         total = math.sqrt(sum(float((p.grad**2).sum()) for p in ours))  # type: ignore[operator]
         assert total == pytest.approx(0.5, rel=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_clipped_gradients_are_bitwise_torchs(dtype: torch.dtype) -> None:
+    # the coefficient is computed on the host from the norm's value (clip_coefficient); it must
+    # round exactly as torch's tensor arithmetic does, over many scales and max norms
+    g = torch.Generator().manual_seed(3)
+    for trial in range(200):
+        scale = float(10 ** torch.empty(()).uniform_(-4, 4, generator=g))
+        max_norm = float(10 ** torch.empty(()).uniform_(-3, 3, generator=g))
+        shapes = [(7, 5), (5,), (3, 2)]
+        grads = [(scale * torch.randn(s, generator=g)).to(dtype) for s in shapes]
+        ours = [nn.Parameter(torch.zeros(s, dtype=dtype)) for s in shapes]
+        ref = [nn.Parameter(torch.zeros(s, dtype=dtype)) for s in shapes]
+        for p, q, gr in zip(ours, ref, grads, strict=True):
+            p.grad, q.grad = gr.clone(), gr.clone()
+        norm = clip_grad_norm(ours, max_norm)
+        ref_norm = torch.nn.utils.clip_grad_norm_(ref, max_norm)
+        assert norm.dtype == ref_norm.dtype
+        assert float(norm) == float(ref_norm), trial
+        for p, q in zip(ours, ref, strict=True):
+            assert torch.equal(p.grad, q.grad), (trial, scale, max_norm)  # type: ignore[arg-type]
+
+
+def test_clip_coefficient_by_hand() -> None:
+    assert clip_coefficient(0.5, 1.0, torch.float32) == 1.0  # below the max: no scaling
+    assert clip_coefficient(4.0, 1.0, torch.float64) == pytest.approx(1.0 / (4.0 + 1e-6), rel=1e-15)
+    assert clip_coefficient(4.0, 1.0, torch.float32) == pytest.approx(0.25, rel=1e-6)
 
 
 def test_clip_grad_norm_skips_missing_grads_and_reports_nan() -> None:
