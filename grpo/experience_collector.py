@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from grpo.advantage_estimator import uniform_group_ids
-from grpo.policy_base import PolicyModel, PolicyOutput, has_method, set_training_mode
+from grpo.policy_base import EntropyRequest, PolicyModel, PolicyOutput, has_method, set_training_mode
 from grpo.reward_guard import call_reward
 from grpo.reward_model_base import FunctionReward, RewardModel
 
@@ -210,7 +210,7 @@ def evaluate_log_probs(
     rows: Tensor | None = None,
     *,
     groups: Tensor | None = None,
-    with_entropy: bool = False,
+    with_entropy: EntropyRequest = False,
     device: torch.device,
     check_inf: bool = True,
 ) -> LogProbs:

@@ -58,7 +58,7 @@ from torch import Tensor, nn
 from torch.distributions import Distribution
 
 from grpo.policies import DistributionPolicy
-from grpo.policy_base import PolicyOutput
+from grpo.policy_base import EntropyRequest, PolicyOutput, entropy_grad_mode
 
 __all__ = [
     "Episode",
@@ -401,7 +401,12 @@ class EpisodePolicy(nn.Module):
         return self.evaluate_actions(states, actions)
 
     def evaluate_actions(
-        self, states: Any, actions: Sequence[Episode], *, group_size: int = 1, with_entropy: bool = False
+        self,
+        states: Any,
+        actions: Sequence[Episode],
+        *,
+        group_size: int = 1,
+        with_entropy: EntropyRequest = False,
     ) -> PolicyOutput:
         """Log-probs (N, T), mask (N, T) and optionally the exact entropy (N, T), one forward.
 
@@ -415,7 +420,8 @@ class EpisodePolicy(nn.Module):
         logp = obs.new_zeros(mask.shape).masked_scatter(mask, dist.log_prob(act[mask]))
         ent = None
         if with_entropy:
-            ent = obs.new_zeros(mask.shape).masked_scatter(mask, dist.entropy())
+            with entropy_grad_mode(with_entropy):
+                ent = obs.new_zeros(mask.shape).masked_scatter(mask, dist.entropy())
         return PolicyOutput(logp, mask=mask, entropy=ent)
 
     def get_parameters(self) -> dict[str, Tensor]:

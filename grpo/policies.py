@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
-from grpo.policy_base import PolicyOutput
+from grpo.policy_base import EntropyRequest, PolicyOutput, entropy_grad_mode
 
 __all__ = ["CategoricalMLP", "DistributionPolicy", "GaussianMLP", "categorical_mlp", "gaussian_mlp"]
 
@@ -172,9 +172,10 @@ class DistributionPolicy(nn.Module):
 
     # ---- capability: grouped evaluation with exact entropy --------------------------------
     def evaluate_actions(
-        self, states: Any, actions: Any, *, group_size: int = 1, with_entropy: bool = False
+        self, states: Any, actions: Any, *, group_size: int = 1, with_entropy: EntropyRequest = False
     ) -> PolicyOutput:
-        """Log-probs (N,) and exact entropy (N,) in one forward.
+        """Log-probs (N,) and exact entropy (N,) in one forward (``with_entropy="no_grad"``: the
+        entropy without a graph, for metrics).
 
         With ``group_size=G``, ``states`` is (N/G, ...) and ``actions`` (N, *event) group-major:
         the network runs once per state and the G actions are scored against its output.
@@ -188,7 +189,10 @@ class DistributionPolicy(nn.Module):
             return _categorical_evaluate(dist, a, group_size, with_entropy)
         if group_size == 1:
             logp = dist.log_prob(a)
-            ent = dist.entropy() if with_entropy else None
+            ent = None
+            if with_entropy:
+                with entropy_grad_mode(with_entropy):
+                    ent = dist.entropy()
             return PolicyOutput(logp, entropy=ent)
         b = dist.batch_shape[0]
         grouped = a.reshape(b, group_size, *a.shape[1:]).transpose(0, 1)  # (G, B, *event)
@@ -196,14 +200,15 @@ class DistributionPolicy(nn.Module):
         ent = None
         if with_entropy:
             try:
-                ent = dist.entropy().repeat_interleave(group_size)
+                with entropy_grad_mode(with_entropy):
+                    ent = dist.entropy().repeat_interleave(group_size)
             except NotImplementedError:
                 ent = None
         return PolicyOutput(logp, entropy=ent)
 
 
 def _categorical_evaluate(
-    dist: Categorical, actions: Tensor, group_size: int, with_entropy: bool
+    dist: Categorical, actions: Tensor, group_size: int, with_entropy: EntropyRequest
 ) -> PolicyOutput:
     """`DistributionPolicy.evaluate_actions` for a Categorical, straight from its normalised logits.
 
@@ -216,21 +221,25 @@ def _categorical_evaluate(
     logp = logits.gather(1, idx).reshape(-1)  # (B*G,)
     ent = None
     if with_entropy:
-        # as Categorical.entropy: clamp -inf logits (p = 0) so that 0 * log 0 counts as 0
-        ent = -(dist.probs * logits.clamp(min=torch.finfo(logits.dtype).min)).sum(-1)
-        if group_size > 1:
-            ent = ent.repeat_interleave(group_size)
+        with entropy_grad_mode(with_entropy):
+            # as Categorical.entropy: clamp -inf logits (p = 0) so that 0 * log 0 counts as 0
+            ent = -(dist.probs * logits.clamp(min=torch.finfo(logits.dtype).min)).sum(-1)
+            if group_size > 1:
+                ent = ent.repeat_interleave(group_size)
     return PolicyOutput(logp, entropy=ent)
 
 
-def _table_evaluate(table: Tensor, actions: Tensor, group_size: int, with_entropy: bool) -> PolicyOutput:
+def _table_evaluate(
+    table: Tensor, actions: Tensor, group_size: int, with_entropy: EntropyRequest
+) -> PolicyOutput:
     """Log-probs (B*G,) of group-major ``actions`` and exact entropies from a (B, K) log-prob
     table: ``H = -sum_k p_k log p_k`` (the table is finite: it comes from finite logits)."""
     b = table.shape[0]
     logp = table.gather(1, actions.long().reshape(b, -1)).reshape(-1)
     ent = None
     if with_entropy:
-        ent = (table.exp() * table).sum(-1).neg_()
-        if group_size > 1:
-            ent = ent.repeat_interleave(group_size)
+        with entropy_grad_mode(with_entropy):
+            ent = (table.exp() * table).sum(-1).neg_()
+            if group_size > 1:
+                ent = ent.repeat_interleave(group_size)
     return PolicyOutput(logp, entropy=ent)

@@ -17,16 +17,19 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
+import torch
 from torch import Tensor, nn
 
 __all__ = [
+    "EntropyRequest",
     "PolicyModel",
     "PolicyOutput",
     "SupportsEvaluateActions",
     "SupportsGenerateWithLogProbs",
     "check_policy",
+    "entropy_grad_mode",
     "has_method",
     "policy_parameters",
 ]
@@ -88,6 +91,20 @@ class PolicyModel(Protocol):
         ...
 
 
+EntropyRequest: TypeAlias = bool | Literal["no_grad"]
+"""``with_entropy`` of ``evaluate_actions``: False (no entropy needed), True (the exact entropy,
+differentiable: the loss has an entropy bonus), or ``"no_grad"`` (the exact entropy for the
+metrics only; it may be computed without recording a graph)."""
+
+
+def entropy_grad_mode(with_entropy: EntropyRequest) -> torch.set_grad_enabled:
+    """Context manager for computing an entropy: grad off for ``"no_grad"``, unchanged otherwise.
+
+    ``with entropy_grad_mode(with_entropy): ent = dist.entropy()``
+    """
+    return torch.set_grad_enabled(with_entropy != "no_grad" and torch.is_grad_enabled())
+
+
 @runtime_checkable
 class SupportsEvaluateActions(Protocol):
     """Optional capability: log-probs, mask and exact entropy in one forward, grouped evaluation.
@@ -97,10 +114,16 @@ class SupportsEvaluateActions(Protocol):
     with ``group_size=G > 1`` ``states`` holds one row per group (N/G rows) and ``actions`` holds
     the N actions group-major (row k belongs to state k // G), so the policy can run its network
     once per state instead of once per sample.
+
+    ``with_entropy`` (`EntropyRequest`): when truthy, ``PolicyOutput.entropy`` holds the exact
+    entropy of each row's distribution. True: it must carry gradient (the trainer passes True
+    when ``entropy_coeff != 0``). ``"no_grad"``: it is only reported (``policy/entropy``), so it
+    may be computed under ``torch.no_grad()``; an implementation that treats every truthy value
+    as True is correct, only slower.
     """
 
     def evaluate_actions(
-        self, states: Any, actions: Any, *, group_size: int = 1, with_entropy: bool = False
+        self, states: Any, actions: Any, *, group_size: int = 1, with_entropy: EntropyRequest = False
     ) -> PolicyOutput: ...
 
 

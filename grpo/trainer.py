@@ -52,6 +52,7 @@ from grpo.kl import KLFn
 from grpo.lr_schedules import build_scheduler
 from grpo.optim import clip_coefficient, default_optimizer, grad_norm, scale_grads
 from grpo.policy_base import (
+    EntropyRequest,
     PolicyModel,
     check_policy,
     has_method,
@@ -230,7 +231,12 @@ class GRPOTrainer:
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = build_scheduler(
             self.optimizer, config.lr_schedule, config.warmup_steps, config.total_steps, config.lr_min_ratio
         )
-        self._exact_entropy = has_method(self.policy, "evaluate_actions")
+        # the exact entropy from evaluate_actions: differentiable only when the loss trains it
+        self._exact_entropy: EntropyRequest = (
+            (True if config.entropy_coeff != 0 else "no_grad")
+            if has_method(self.policy, "evaluate_actions")
+            else False
+        )
         if config.sampler_is_cap is not None and not has_method(
             self.policy, "generate_actions_with_log_probs"
         ):

@@ -149,6 +149,43 @@ def test_chunked_token_logprobs_unit() -> None:
         chunked_token_logprobs(torch.zeros(2, 4), torch.zeros(6, 4), torch.tensor([0, 5]), temperature=0)
 
 
+def test_chunked_backward_skips_an_unused_entropy() -> None:
+    # an entropy output that no gradient reaches (detached, as for with_entropy="no_grad", or
+    # simply unused in the loss) leaves the gradients those of the log-probs alone
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(2, 7, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(13, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 13, (2, 7), generator=g)
+    coef = torch.randn(2, 7, generator=g, dtype=torch.float64)
+    grads = []
+    for with_entropy in (False, True):
+        lp, _ent = chunked_token_logprobs(hidden, weight, y, chunk_size=3, with_entropy=with_entropy)
+        (lp * coef).sum().backward()
+        grads.append((hidden.grad.clone(), weight.grad.clone()))
+        hidden.grad = weight.grad = None
+    lp2, _ = naive_token_logprobs(hidden @ weight.T, y)
+    (lp2 * coef).sum().backward()
+    for got in grads:
+        torch.testing.assert_close(got[0], hidden.grad, atol=1e-12, rtol=0)
+        torch.testing.assert_close(got[1], weight.grad, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_entropy_for_metrics_only_carries_no_gradient(tiny, chunk) -> None:
+    tok, model = tiny["tok"], tiny["llama"]
+    policy = CausalLMPolicy(model, tok, logprob_chunk_size=chunk)
+    comps = _completions(tok)
+    exact = policy.evaluate_actions(None, comps, with_entropy=True)
+    metrics_only = policy.evaluate_actions(None, comps, with_entropy="no_grad")
+    assert exact.entropy is not None
+    assert metrics_only.entropy is not None
+    assert exact.entropy.requires_grad
+    assert not metrics_only.entropy.requires_grad
+    assert metrics_only.log_probs.requires_grad
+    torch.testing.assert_close(metrics_only.entropy, exact.entropy, atol=0, rtol=0)
+    torch.testing.assert_close(metrics_only.log_probs, exact.log_probs, atol=0, rtol=0)
+
+
 def test_generation_stops_on_eos_and_masks_by_position(tiny) -> None:
     tok, model = tiny["tok"], tiny["llama"]
     policy = CausalLMPolicy(

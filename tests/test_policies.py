@@ -29,6 +29,40 @@ def test_grouped_evaluation_equals_per_sample_evaluation(kind: str) -> None:
     assert torch.allclose(grouped.entropy, dist.entropy(), atol=1e-6)
 
 
+@pytest.mark.parametrize("kind", ["categorical", "gaussian", "custom categorical"])
+def test_entropy_for_metrics_only_has_no_graph(kind: str) -> None:
+    # with_entropy="no_grad" (what the trainer asks when entropy_coeff == 0): same values, no graph
+    torch.manual_seed(0)
+    if kind == "categorical":
+        policy = categorical_mlp(5, 4)
+    elif kind == "gaussian":
+        policy = gaussian_mlp(5, 3)
+    else:  # a user network returning a Categorical: the Categorical path, not the table
+        policy = DistributionPolicy(_LogitsNet())
+    states = torch.randn(6, 5)
+    actions = policy.generate_actions(states, 3).flatten(0, 1)
+    for g, s in ((3, states), (1, states.repeat_interleave(3, 0))):
+        exact = policy.evaluate_actions(s, actions, group_size=g, with_entropy=True)
+        metrics = policy.evaluate_actions(s, actions, group_size=g, with_entropy="no_grad")
+        assert exact.entropy is not None
+        assert metrics.entropy is not None
+        assert exact.entropy.requires_grad
+        assert not metrics.entropy.requires_grad
+        assert metrics.log_probs.requires_grad
+        assert torch.equal(exact.entropy, metrics.entropy)
+        assert torch.equal(exact.log_probs, metrics.log_probs)
+    assert torch.is_grad_enabled()
+
+
+class _LogitsNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(5, 4)
+
+    def forward(self, x: torch.Tensor) -> Categorical:
+        return Categorical(logits=self.lin(x))
+
+
 def test_gaussian_entropy_is_exact_closed_form() -> None:
     policy = gaussian_mlp(2, 3, log_std_init=0.3)
     out = policy.evaluate_actions(torch.zeros(1, 2), torch.zeros(1, 3), with_entropy=True)

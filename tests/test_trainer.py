@@ -455,3 +455,43 @@ def test_plain_function_reward_and_combined_components(contextual: ContextualBan
     m = trainer.step(contextual.states(4))
     assert "reward/value/mean" in m
     assert "reward/bonus/mean" in m
+
+
+def _recording_categorical(obs_dim: int, arms: int) -> Any:
+    """The ready categorical MLP, recording the ``with_entropy`` the trainer asks for."""
+    from grpo import DistributionPolicy, categorical_mlp
+
+    class Recording(DistributionPolicy):
+        requests: list[Any]
+
+        def evaluate_actions(self, states: Any, actions: Any, **kw: Any) -> PolicyOutput:
+            self.requests.append(kw.get("with_entropy"))
+            return super().evaluate_actions(states, actions, **kw)
+
+    policy = Recording(categorical_mlp(obs_dim, arms, (16,)).net)
+    policy.requests = []
+    return policy
+
+
+@pytest.mark.parametrize("entropy_coeff", [0.0, 0.5])
+def test_entropy_is_differentiable_only_when_the_loss_trains_it(entropy_coeff: float) -> None:
+    torch.manual_seed(0)
+    policy = _recording_categorical(4, 5)
+    cfg = GRPOConfig(group_size=4, batch_size=8, kl_coeff=0.0, entropy_coeff=entropy_coeff, seed=0)
+    trainer = make(cfg, policy, lambda s, a: torch.ones(len(a)))  # equal rewards: zero advantages
+    states = torch.randn(8, 4)
+    before = copy.deepcopy(policy.state_dict())
+    with torch.no_grad():
+        ent_before = float(policy.distribution(states).entropy().mean())
+    m = trainer.step(states)
+    assert policy.requests
+    assert set(policy.requests) == {True if entropy_coeff else "no_grad"}
+    # the reported entropy is the exact one of the states' distributions before the update
+    assert m["policy/entropy"] == pytest.approx(ent_before, rel=1e-5)
+    with torch.no_grad():
+        ent_after = float(policy.distribution(states).entropy().mean())
+    if entropy_coeff:  # the bonus alone moves the weights, towards more entropy
+        assert ent_after > ent_before
+    else:  # nothing to learn from zero advantages: the weights stay as they were
+        for k, v in policy.state_dict().items():
+            assert torch.equal(v, before[k]), k

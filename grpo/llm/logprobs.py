@@ -97,11 +97,17 @@ class _ChunkedLogProbs(torch.autograd.Function):
                 ent[s : s + chunk] = lse - m
         ctx.save_for_backward(h, weight, bias, y, lse_all, mean_all)
         ctx.scale, ctx.chunk, ctx.with_entropy = scale, chunk, with_entropy
+        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None: skipped
         return logp, ent
 
     @staticmethod
-    def backward(ctx: Any, g_logp: Tensor, g_ent: Tensor) -> Any:
+    def backward(ctx: Any, g_logp: Tensor | None, g_ent: Tensor | None) -> Any:
         h, weight, bias, y, lse_all, mean_all = ctx.saved_tensors
+        if g_logp is None and g_ent is None:
+            return None, None, None, None, None, None, None
+        if g_logp is None:
+            g_logp = torch.zeros_like(lse_all)
+        use_ent = ctx.with_entropy and g_ent is not None  # no gradient reached the entropy: skip
         scale, chunk = ctx.scale, ctx.chunk
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.zeros_like(h) if need_h else None
@@ -113,7 +119,8 @@ class _ChunkedLogProbs(torch.autograd.Function):
             z = _logits(hc, weight, bias, scale)  # (c, V) float32
             p = (z - lse_all[s : s + chunk].unsqueeze(-1)).exp_()
             gl = g_logp[s : s + chunk].unsqueeze(-1).to(z.dtype)
-            if ctx.with_entropy:
+            if use_ent:
+                assert g_ent is not None
                 # g_z = -g_H * p * (z - m) - g_lp * p  (+ g_lp at the target)
                 z.sub_(mean_all[s : s + chunk].unsqueeze(-1)).mul_(p).mul_(
                     -g_ent[s : s + chunk].unsqueeze(-1).to(z.dtype)

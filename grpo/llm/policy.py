@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from grpo.llm._deps import require
 from grpo.llm.data import is_chat, prompt_text
 from grpo.llm.logprobs import chunked_token_logprobs
-from grpo.policy_base import PolicyOutput
+from grpo.policy_base import EntropyRequest, PolicyOutput, entropy_grad_mode
 
 __all__ = ["CausalLMPolicy", "Completion", "DisabledAdapterReference"]
 
@@ -316,13 +316,20 @@ class CausalLMPolicy:
         return self.evaluate_actions(states, actions, group_size=1, with_entropy=False)
 
     def evaluate_actions(
-        self, states: Any, actions: Sequence[Completion], *, group_size: int = 1, with_entropy: bool = False
+        self,
+        states: Any,
+        actions: Sequence[Completion],
+        *,
+        group_size: int = 1,
+        with_entropy: EntropyRequest = False,
     ) -> PolicyOutput:
         """Per-token log-probs, mask and (optionally) exact entropy of N completions, one forward.
 
         The prompts are read from the completions themselves (``prompt_ids``), so ``states`` may
         be flat (N rows) or one per group. Shapes: log_probs (N, T) float32, mask (N, T) bool,
         entropy (N, T) float32 or None, with T the longest completion. Masked entries are 0.
+        ``with_entropy="no_grad"``: the entropy carries no gradient (metrics only; the backward
+        then skips its terms).
         """
         comps = list(actions)
         bad = [i for i, c in enumerate(comps) if not isinstance(c, Completion)]
@@ -363,7 +370,10 @@ class CausalLMPolicy:
                 z = logits.float() / temperature
                 logp_all = torch.log_softmax(z, dim=-1)
                 logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-                entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+                entropy = None
+                if with_entropy:
+                    with entropy_grad_mode(with_entropy):
+                        entropy = -(logp_all.exp() * logp_all).sum(-1)
             else:
                 hidden = self._backbone()(
                     input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False
@@ -377,10 +387,12 @@ class CausalLMPolicy:
                     bias=head.bias,
                     temperature=temperature,
                     chunk_size=self.logprob_chunk_size,
-                    with_entropy=with_entropy,
+                    with_entropy=bool(with_entropy),
                     logit_scale=float(getattr(cfg, "logit_scale", None) or 1.0),
                     softcap=getattr(cfg, "final_logit_softcapping", None),
                 )
+                if entropy is not None and with_entropy == "no_grad":
+                    entropy = entropy.detach()  # no gradient reaches its backward terms
         zero = torch.zeros((), device=device)
         logp = torch.where(mask, logp, zero)
         if entropy is not None:
@@ -445,7 +457,12 @@ class DisabledAdapterReference:
             return self.policy.get_log_probabilities(states, actions)
 
     def evaluate_actions(
-        self, states: Any, actions: Sequence[Completion], *, group_size: int = 1, with_entropy: bool = False
+        self,
+        states: Any,
+        actions: Sequence[Completion],
+        *,
+        group_size: int = 1,
+        with_entropy: EntropyRequest = False,
     ) -> PolicyOutput:
         with self._disabled():
             return self.policy.evaluate_actions(
