@@ -109,17 +109,16 @@ STAT_NAMES: tuple[str, ...] = (
 )
 """Entries of `ObjectiveOutput.stats`, in order."""
 
-# Rows of the per-step value stack that `_statistics` reduces, in order.
+# Rows of the per-step value stack that `_statistics` reduces, in this order (those given).
 # "logp" enters no statistic: a non-finite log-prob on a valid step makes every stat NaN (0 * inf in
 # the reduction), so the trainer sees a non-finite loss and contains the step.
 _ROWS = ("policy", "kl", "entropy", "mask", "clip_low", "clip_high", "ratio", "log_ratio", "logp")
 # Up to this many (n, T) elements `_statistics` stacks the rows and reduces them with one matrix
 # product (fewest dispatches); above it, one dot product per row (no stacked copy of the rows).
 _SMALL = 1 << 15
-# Entries of the (2 * len(_ROWS),) reduced vector (weighted sums, then masked sums) that some stat
-# uses: the weighted sums of the three loss terms and every masked sum but the policy term's.
-_USED_SUMS = (0, 1, 2, *range(len(_ROWS) + 1, 2 * len(_ROWS)))
-assert _ROWS.index("ratio") == 6
+# Rows whose weighted sum (aggregated like the loss) some stat uses; every other row is used only
+# through its masked sum, and the policy row only through its weighted sum.
+_WEIGHTED_ROWS = ("policy", "kl", "entropy")
 
 
 class ObjectiveOutput(NamedTuple):
@@ -402,12 +401,11 @@ class GRPOObjective:
             mf = mask.to(x.dtype)
             w = self._weights(mf, normaliser)  # None: the weight is mf / normaliser
             adv = advantages.unsqueeze(-1) if advantages.dim() == x.dim() - 1 else advantages
+            ratio: Tensor | None = None  # None: on-policy, ratio 1 (see _statistics)
+            lrc = clip_low = clip_high = None
             if on_policy:
                 # log-ratio 0: ratio exp(0) = 1, inside every clip bound, so pg = -A and its
                 # gradient is pg: what the general branch computes, bitwise, in a few ops
-                lrc = torch.zeros_like(x)
-                ratio = torch.ones_like(x)
-                clip_low = clip_high = lrc  # no step is clipped (a float zero row for the stats)
                 pg = (-adv).to(x.dtype).expand_as(x).clone()
                 if is_weights is not None:
                     pg.mul_(is_weights)
@@ -503,93 +501,131 @@ class GRPOObjective:
     ) -> tuple[Tensor, Tensor]:
         """``stats`` and ``extremes`` of `ObjectiveOutput` from the detached per-step values.
 
-        The per-step values (`_ROWS`) times the weights and the mask give the aggregated terms and
-        the masked sums (one matrix product on their (9, nT) stack for small inputs, one dot
-        product per row for large ones), and a
-        fixed (2 * 9, len(STAT_NAMES)) matrix maps those to the stats (the loss is
+        ``rows`` maps names of `_ROWS` (but "mask", taken from ``mf``) to (n, T) values; None or
+        absent rows are zero. Without a "ratio" row the step is on-policy: ratio 1 on every
+        valid step, nothing clipped, ``kl_old = 0``, so those rows need no reduction.
+
+        The rows times the weights and the mask give the aggregated terms and the masked sums
+        (one matrix product on their stack for small inputs, one dot product per used sum for
+        large ones), and a fixed matrix maps those to the stats (the loss is
         ``policy + beta kl - c_H entropy``, ``kl_old = sum rho - steps - sum log rho``).
         ``w`` None: the weights are ``mf / normaliser`` (weighted sums = masked sums / Z).
         ``entropy_is_logp``: the "entropy" row holds logp, the estimate is its negative.
         """
         dtype = mf.dtype if mf.dtype in (torch.float32, torch.float64) else torch.float32
-        ratio = rows["ratio"]
-        assert ratio is not None
+        names = tuple(k for k in _ROWS if k == "mask" or rows.get(k) is not None)
+        on_policy = "ratio" not in names
+        k = len(names)
 
-        def as_dtype(v: Tensor | None) -> Tensor:
-            return torch.zeros_like(mf, dtype=dtype) if v is None else v if v.dtype == dtype else v.to(dtype)
+        def as_dtype(v: Tensor) -> Tensor:
+            return v if v.dtype == dtype else v.to(dtype)
 
-        raw = [rows[k] if k != "mask" else mf for k in _ROWS]
+        raw = [mf if name == "mask" else rows[name] for name in names]
         mf = as_dtype(mf)
-        proj = self._projection(dtype, mf.device, has_ref, entropy_is_logp)
-        k = len(_ROWS)
+        proj = self._projection(dtype, mf.device, names, has_ref, entropy_is_logp)
+        steps_at = k + names.index("mask")  # index of the valid-step count in the reduced sums
         if mf.numel() <= _SMALL:  # few elements: fewest ops (the per-op cost dominates)
-            stack = torch.stack([as_dtype(v) for v in raw]).reshape(k, -1)
+            stack = torch.stack([as_dtype(v) for v in raw]).reshape(k, -1)  # type: ignore[arg-type]
             if w is None:
                 masked = (mf.reshape(1, -1) @ stack.T).view(-1)
                 reduced = torch.cat([masked / normaliser, masked])  # weighted, then masked sums
             else:
                 reduced = (torch.stack([as_dtype(w), mf]).view(2, -1) @ stack.T).view(-1)
-            signed = torch.stack([-ratio, ratio]).to(dtype)
-            extremes = torch.where(mask, signed, -torch.inf).reshape(2, -1).amax(1)
+            if on_policy:
+                extremes = self._on_policy_extremes(reduced[steps_at], dtype)
+            else:
+                ratio = as_dtype(rows["ratio"])  # type: ignore[arg-type]
+                signed = torch.stack([-ratio, ratio])
+                extremes = torch.where(mask, signed, -torch.inf).reshape(2, -1).amax(1)
         else:  # many: no stacked copy of the rows; one dot product per sum that a stat uses
             mff = mf.reshape(-1)
             # rows are converted one dot at a time (a bool row's float copy lives for one dot)
             if w is None:
-                masked = torch.stack([torch.dot(as_dtype(v).reshape(-1), mff) for v in raw])
+                masked = torch.stack([torch.dot(as_dtype(v).reshape(-1), mff) for v in raw])  # type: ignore[arg-type]
                 reduced = torch.cat([masked / normaliser, masked])
                 used = tuple(range(2 * k))
             else:
                 wf = as_dtype(w).reshape(-1)
-                used = _USED_SUMS
+                used = tuple(i for i, n in enumerate(names) if n in _WEIGHTED_ROWS) + tuple(
+                    k + i for i, n in enumerate(names) if n != "policy"
+                )
                 reduced = torch.stack(
-                    [torch.dot(as_dtype(raw[i % k]).reshape(-1), wf if i < k else mff) for i in used]
+                    [torch.dot(as_dtype(raw[i % k]).reshape(-1), wf if i < k else mff) for i in used]  # type: ignore[arg-type]
                 )
                 proj = proj[list(used)]
-            # min / max over valid steps with one temporary: invalid steps hold the valid mean,
-            # which lies between the valid min and max (none valid: -inf for both entries)
-            steps, ratio_sum = (
-                reduced[used.index(k + _ROWS.index("mask"))],
-                reduced[used.index(k + _ROWS.index("ratio"))],
-            )
-            r = ratio if ratio.dtype == dtype else ratio.to(dtype)
-            # lerp(mean, r, m) is exactly r where m = 1 and the mean where m = 0, and on CPU ~10x
-            # faster than torch.where with a scalar on large tensors
-            lo, hi = torch.aminmax(torch.lerp((ratio_sum / steps).expand_as(r), r, mf))
-            extremes = torch.where(steps > 0, torch.stack([-lo, hi]).to(dtype), -torch.inf)
+            steps = reduced[used.index(steps_at)]
+            if on_policy:
+                extremes = self._on_policy_extremes(steps, dtype)
+            else:
+                # min / max over valid steps with one temporary: invalid steps hold the valid mean,
+                # which lies between the valid min and max (none valid: -inf for both entries)
+                ratio_sum = reduced[used.index(k + names.index("ratio"))]
+                r = as_dtype(rows["ratio"])  # type: ignore[arg-type]
+                # lerp(mean, r, m) is exactly r where m = 1 and the mean where m = 0, and on CPU
+                # ~10x faster than torch.where with a scalar on large tensors
+                lo, hi = torch.aminmax(torch.lerp((ratio_sum / steps).expand_as(r), r, mf))
+                extremes = torch.where(steps > 0, torch.stack([-lo, hi]).to(dtype), -torch.inf)
         stats = reduced @ proj
         return stats, extremes
 
+    def _on_policy_extremes(self, steps: Tensor, dtype: torch.dtype) -> Tensor:
+        """``(-min rho, max rho) = (-1, 1)`` when there are valid steps, else ``-inf`` for both."""
+        key = ("unit", dtype, steps.device)
+        cached = self._cache.get("unit")
+        if cached is None or cached[0] != key:
+            cached = (key, torch.tensor([-1.0, 1.0], dtype=dtype, device=steps.device))
+            self._cache["unit"] = cached
+        unit: Tensor = cached[1]
+        return torch.where(steps > 0, unit, -torch.inf)
+
     def _projection(
-        self, dtype: torch.dtype, device: torch.device, has_ref: bool, entropy_is_logp: bool
+        self,
+        dtype: torch.dtype,
+        device: torch.device,
+        names: tuple[str, ...],
+        has_ref: bool,
+        entropy_is_logp: bool,
     ) -> Tensor:
-        key = ("projection", dtype, device, has_ref, entropy_is_logp, self.kl_coeff, self.entropy_coeff)
-        cached = self._cache.get("projection")
+        """The (2 * len(names), len(STAT_NAMES)) matrix from the weighted and masked sums of the
+        rows ``names`` to the stats (see `_statistics`)."""
+        # one cache entry per row set: the on-policy first epoch and the later ones alternate
+        slot = "projection:" + ",".join(names)
+        key = (dtype, device, has_ref, entropy_is_logp, self.kl_coeff, self.entropy_coeff)
+        cached = self._cache.get(slot)
         if cached is not None and cached[0] == key:
             proj: Tensor = cached[1]
             return proj
-        k = len(_ROWS)
+        k = len(names)
         col = {name: i for i, name in enumerate(STAT_NAMES)}
-        row = {name: i for i, name in enumerate(_ROWS)}
+        row = {name: i for i, name in enumerate(names)}
         p = torch.zeros(2 * k, len(STAT_NAMES), dtype=torch.float64)
-        p[row["policy"], col["loss"]] = 1.0
+
+        def put(weighted: bool, term: str, stat: str, value: float) -> None:
+            if term in row:
+                p[(0 if weighted else k) + row[term], col[stat]] = value
+
+        put(True, "policy", "loss", 1.0)
         if has_ref:
-            p[row["kl"], col["loss"]] = self.kl_coeff
-        p[row["entropy"], col["loss"]] = -self.entropy_coeff
+            put(True, "kl", "loss", self.kl_coeff)
+        put(True, "entropy", "loss", -self.entropy_coeff)
         for term, name in (("policy", "policy_loss"), ("kl", "kl_loss"), ("entropy", "entropy")):
-            p[row[term], col[name]] = 1.0
+            put(True, term, name, 1.0)
         for term, name in (
             ("mask", "steps"), ("clip_low", "clip_low"), ("clip_high", "clip_high"), ("kl", "kl_ref"),
             ("entropy", "entropy_sum"), ("ratio", "ratio_sum"),
         ):  # fmt: skip
-            p[k + row[term], col[name]] = 1.0
-        p[k + row["ratio"], col["kl_old"]] = 1.0
-        p[k + row["mask"], col["kl_old"]] = -1.0
-        p[k + row["log_ratio"], col["kl_old"]] = -1.0
-        if entropy_is_logp:  # the row holds logp; the entropy estimate is -logp
+            put(False, term, name, 1.0)
+        if "ratio" in row:
+            put(False, "ratio", "kl_old", 1.0)
+            put(False, "mask", "kl_old", -1.0)
+            put(False, "log_ratio", "kl_old", -1.0)
+        else:  # on-policy: ratio 1 on every valid step, kl_old 0
+            put(False, "mask", "ratio_sum", 1.0)
+        if entropy_is_logp and "entropy" in row:  # the row holds logp; the entropy estimate is -logp
             p[row["entropy"]] *= -1.0
             p[k + row["entropy"]] *= -1.0
         proj = p.to(dtype=dtype, device=device)
-        self._cache["projection"] = (key, proj)
+        self._cache[slot] = (key, proj)
         return proj
 
 
