@@ -18,9 +18,9 @@ arithmetic, so these two pieces matter:
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -58,13 +58,24 @@ def grad_norm(grads: Sequence[Tensor]) -> Tensor:
     return mixed
 
 
+_FLOAT32 = struct.Struct("f")
+
+
+def _f32(x: float) -> float:
+    """``x`` rounded to the nearest float32 (pure Python: NumPy scalars are slower per call)."""
+    value: float = _FLOAT32.unpack(_FLOAT32.pack(x))[0]
+    return value
+
+
 def clip_coefficient(norm: float, max_norm: float, dtype: torch.dtype) -> float:
     """``min(1, max_norm / (norm + 1e-6))`` rounded as ``clip_grad_norm_`` computes it on a norm of
     ``dtype`` (float32: in float32, as ``reciprocal(norm + 1e-6) * max_norm``), so that scaling by
     it gives bitwise the gradients torch's clipping gives. ``norm`` must be finite."""
     if dtype == torch.float32:
-        x = np.float32(norm) + np.float32(1e-6)
-        return min(float((np.float32(1.0) / x) * np.float32(max_norm)), 1.0)
+        # float32 rounding of each float64 result: exact float32 arithmetic for + / * (a float64
+        # holds the exact result of a float32 operation to better than half a float32 ulp)
+        x = _f32(norm + _f32(1e-6))
+        return min(_f32(_f32(1.0 / x) * _f32(max_norm)), 1.0)
     if dtype == torch.float64:
         return min((1.0 / (norm + 1e-6)) * max_norm, 1.0)
     return float((max_norm / (torch.tensor(norm, dtype=dtype) + 1e-6)).clamp_(max=1.0))
