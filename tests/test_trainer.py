@@ -384,6 +384,30 @@ def test_user_optimizer_is_used_and_foreign_optimizer_rejected(contextual: Conte
         make(GRPOConfig(), contextual.policy(), contextual.reward, optimizer=other)
 
 
+def test_an_optimizer_that_overrides_zero_grad_gets_its_own_called(contextual: ContextualBandit) -> None:
+    # torch optimizers are zeroed by setting .grad = None directly; one with its own zero_grad
+    # (e.g. one that keeps extra gradient buffers) has it called before every optimizer step
+    class Counting(torch.optim.SGD):
+        calls = 0
+
+        def zero_grad(self, set_to_none: bool = True) -> None:
+            Counting.calls += 1
+            super().zero_grad(set_to_none=set_to_none)
+
+    cfg = GRPOConfig(group_size=4, batch_size=4, kl_coeff=0.0, num_epochs_per_update=3, seed=0)
+    states = contextual.states(4)
+    policies = []
+    for cls in (Counting, torch.optim.SGD):  # its own zero_grad / the trainer's direct zeroing
+        torch.manual_seed(0)
+        policy = contextual.policy()
+        make(cfg, policy, contextual.reward, optimizer=cls(policy.parameters(), lr=0.1)).step(states)
+        policies.append(policy)
+    assert Counting.calls == 3
+    # the same update either way: gradients were cleared, not accumulated, between epochs
+    for a, b in zip(policies[0].parameters(), policies[1].parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_bad_user_outputs_raise_before_any_weight_change(contextual: ContextualBandit) -> None:
     class Wrong(WordPolicy):
         def __init__(self, mode: str) -> None:
