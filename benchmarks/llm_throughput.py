@@ -1,16 +1,22 @@
-"""GRPO step throughput on a tiny causal LM: grpo vs TRL's GRPOTrainer (when installed).
+"""GRPO step throughput on a causal LM: grpo vs TRL's GRPOTrainer (when installed).
 
     python benchmarks/llm_throughput.py [--trl-python /work/venv-trl/bin/python] [--steps 5]
+    python benchmarks/llm_throughput.py --device cuda --model qwen2-0.5b --bf16   # on a GPU
 
-Same model (a random Llama, hidden 64, 2 layers, 55-token vocabulary, saved and loaded with
-from_pretrained), same 8 prompts x 8 generations, 32 new tokens, temperature 1, one optimizer
+Same model (``--model tiny``: a random Llama, hidden 64, 2 layers, 55-token vocabulary;
+``--model qwen2-0.5b``: Qwen2-0.5B's architecture, 494M parameters, 151,936-token vocabulary,
+random weights; both saved and loaded with from_pretrained, with the 55-token character tokenizer,
+whose unknown ids decode to nothing), same 8 prompts x 8 generations, 32 new tokens, temperature
+1, one optimizer
 step per batch, no KL term (TRL's default beta = 0), on the same device. Each trainer runs in
 its own subprocess (TRL in its own virtualenv: it is never a dependency of grpo). Reported:
 seconds per step (the median of the timed steps, after one warm-up step; TRL's step time is the
 interval between consecutive step ends, so generation is included), completion tokens per second
 (completion tokens actually generated in that step / its time), and the process's peak resident
 memory (CPU) or peak CUDA memory. Ratios are grpo / TRL for speed and memory. On a shared CPU
-the figures move with the load of other processes: run it a few times.
+the figures move with the load of other processes: run it a few times. ``--bf16`` (CUDA only):
+float32 weights with bf16 autocast on both sides (grpo's `CausalLMPolicy(autocast=True)`, TRL's
+``bf16=True``); without it both run in float32.
 """
 
 from __future__ import annotations
@@ -31,10 +37,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from grpo import GRPOConfig, GRPOTrainer
 from grpo.llm import CausalLMPolicy, RewardFunctions
 model_dir, steps, device, prompts = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
+bf16 = sys.argv[5] == "1"
 torch.manual_seed(0)
 tok = AutoTokenizer.from_pretrained(model_dir)
 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-policy = CausalLMPolicy(model, tok, max_new_tokens=32, temperature=1.0)
+policy = CausalLMPolicy(model, tok, max_new_tokens=32, temperature=1.0, autocast=bf16)
 reward = RewardFunctions(lambda p, c: [c_.count("7") / 32 for c_ in c])
 trainer = GRPOTrainer(GRPOConfig(group_size=8, batch_size=8, learning_rate=1e-5, kl_coeff=0.0, device=device,
                                  seed=0), policy, reward)
@@ -61,6 +68,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 model_dir, steps, device, prompts = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
+bf16 = sys.argv[5] == "1"
 torch.manual_seed(0)
 tok = AutoTokenizer.from_pretrained(model_dir)
 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -80,7 +88,7 @@ cfg = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=64, 
                  max_completion_length=32, temperature=1.0, top_p=1.0, top_k=0, learning_rate=1e-5, beta=0.0,
                  max_steps=steps + 1, logging_steps=1, report_to="none",
                  use_cpu=not device.startswith("cuda"),
-                 save_strategy="no", shuffle_dataset=False, seed=0, bf16=False)
+                 save_strategy="no", shuffle_dataset=False, seed=0, bf16=bf16)
 trainer = GRPOTrainer(model=model, reward_funcs=sevens, args=cfg, train_dataset=ds, processing_class=tok,
                       callbacks=[clock])
 trainer.train()
@@ -96,13 +104,13 @@ print(json.dumps({"s_per_step": sum(times) / len(times), "tokens_per_s": tokens 
 
 
 def run(
-    python: str, code: str, model_dir: str, steps: int, device: str, extra_path: str | None
+    python: str, code: str, model_dir: str, steps: int, device: str, bf16: bool, extra_path: str | None
 ) -> dict[str, float]:
     env = dict(os.environ)
     if extra_path:
         env["PYTHONPATH"] = extra_path
     out = subprocess.run(
-        [python, "-c", code, model_dir, str(steps), device, json.dumps(PROMPTS)],
+        [python, "-c", code, model_dir, str(steps), device, json.dumps(PROMPTS), "1" if bf16 else "0"],
         capture_output=True,
         text=True,
         env=env,
@@ -117,20 +125,37 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5, help="timed steps (after one warm-up step)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--trl-python", default="/work/venv-trl/bin/python", help="python with trl installed")
+    p.add_argument(
+        "--model", choices=["tiny", "qwen2-0.5b"], default="tiny", help="architecture (random weights)"
+    )
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast on both sides (CUDA only)")
     a = p.parse_args()
+    if a.bf16 and not a.device.startswith("cuda"):
+        p.error("--bf16 needs --device cuda (grpo's autocast is CUDA-only)")
     from grpo.llm.tiny import build_tiny_model, build_tiny_tokenizer
 
     model_dir = tempfile.mkdtemp(prefix="grpo_bench_")
     tok = build_tiny_tokenizer(model_dir)
-    build_tiny_model(model_dir, tok, hidden=64, layers=2)
+    if a.model == "tiny":
+        model = build_tiny_model(model_dir, tok, hidden=64, layers=2)
+        name = "tiny Llama (hidden 64, 2 layers)"
+    else:
+        model = build_tiny_model(
+            model_dir, tok, arch="qwen2", hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864,
+            vocab_size=151936,
+        )  # fmt: skip
+        name = "Qwen2-0.5B architecture (random weights)"
+    params = sum(t.numel() for t in model.parameters())
+    vocab = model.config.vocab_size
+    del model
     print(
-        f"tiny Llama (hidden 64, 2 layers, vocab {len(tok)}), 8 prompts x 8 generations, 32 new tokens, "
-        f"{a.steps} timed steps on {a.device}"
+        f"{name}, {params / 1e6:.2f}M parameters, vocab {vocab}; 8 prompts x 8 generations, 32 new "
+        f"tokens, {a.steps} timed steps on {a.device}, {'bf16 autocast' if a.bf16 else 'float32'}"
     )
-    results = {"grpo": run(sys.executable, OURS, model_dir, a.steps, a.device, None)}
+    results = {"grpo": run(sys.executable, OURS, model_dir, a.steps, a.device, a.bf16, None)}
     if Path(a.trl_python).exists():
         try:
-            results["trl"] = run(a.trl_python, TRL, model_dir, a.steps, a.device, None)
+            results["trl"] = run(a.trl_python, TRL, model_dir, a.steps, a.device, a.bf16, None)
         except RuntimeError as e:
             print(f"TRL run failed: {e}")
     else:

@@ -303,3 +303,34 @@ def test_import_grpo_does_not_import_transformers_and_llm_names_the_extra() -> N
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "pip install grpo[llm]" in out.stdout
+
+
+def test_qwen2_architecture_with_a_vocabulary_larger_than_the_tokenizer(tmp_path: Path) -> None:
+    # the benchmarks' 0.5B-class model is Qwen2's architecture with its 151,936-token vocabulary
+    # and the char tokenizer (55 ids): sampled ids the tokenizer does not know decode to nothing,
+    # and log-probs, EOS handling and training work over the whole vocabulary
+    tok = build_tokenizer(tmp_path / "tok")
+    model = build_model(
+        tmp_path / "qwen2", tok, arch="qwen2", hidden=32, layers=2, heads=4, kv_heads=2,
+        intermediate=48, vocab_size=300,
+    )  # fmt: skip
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tied, as Qwen2-0.5B
+    assert model.config.num_key_value_heads == 2
+    policy = CausalLMPolicy(model, tok, max_new_tokens=6, logprob_chunk_size=8)
+    torch.manual_seed(0)
+    groups = policy.generate_actions(["1+2=", "3+4="], 4)
+    flat = [c for g in groups for c in g]
+    assert any(int(c.token_ids.max()) >= len(tok) for c in flat if len(c))  # beyond the tokenizer
+    out = policy.evaluate_actions(None, flat)
+    naive = [_naive_row(model, c, 1.0)[0] for c in flat]
+    for row, ref, c in zip(out.log_probs, naive, flat, strict=True):
+        torch.testing.assert_close(row[: len(c)], ref, atol=1e-5, rtol=0)
+    trainer = GRPOTrainer(
+        GRPOConfig(group_size=4, batch_size=2, kl_coeff=0.0, seed=0), policy,
+        RewardFunctions(lambda p, c: [float(len(x)) for x in c]),
+    )  # fmt: skip
+    before = model.lm_head.weight.detach().clone()
+    m = trainer.step(["1+2=", "3+4="])
+    assert m["grad/norm"] > 0
+    assert not torch.equal(before, model.lm_head.weight)

@@ -61,9 +61,19 @@ def build_tiny_model(
     layers: int = 2,
     heads: int = 4,
     vocab_size: int | None = None,
+    kv_heads: int | None = None,
+    intermediate: int | None = None,
 ) -> Any:
-    """A random causal LM (``"llama"`` or ``"gpt2"`` architecture) saved to ``directory`` with
-    ``tokenizer`` and loaded back with ``AutoModelForCausalLM.from_pretrained`` (float32)."""
+    """A random causal LM (``"llama"``, ``"qwen2"`` or ``"gpt2"`` architecture) saved to
+    ``directory`` with ``tokenizer`` and loaded back with ``AutoModelForCausalLM.from_pretrained``
+    (float32).
+
+    ``vocab_size`` may exceed the tokenizer's: ids it does not know decode to nothing (a model of
+    a real vocabulary's size, e.g. Qwen2's 151,936, for benchmarks). ``kv_heads`` (default
+    heads // 2) and ``intermediate`` (default 2 * hidden) apply to llama and qwen2.
+    ``build_tiny_model(d, tok, arch="qwen2", hidden=896, layers=24, heads=14, kv_heads=2,
+    intermediate=4864, vocab_size=151936)`` has Qwen2-0.5B's architecture (random weights).
+    """
     transformers = require("transformers")
     torch.manual_seed(seed)
     v = vocab_size or len(tokenizer)
@@ -72,18 +82,25 @@ def build_tiny_model(
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
     }
-    if arch == "llama":
-        cfg = transformers.LlamaConfig(
+    if arch in ("llama", "qwen2"):
+        config_cls, model_cls = (
+            (transformers.LlamaConfig, transformers.LlamaForCausalLM)
+            if arch == "llama"
+            else (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)
+        )
+        extra = {"tie_word_embeddings": True} if arch == "qwen2" else {}
+        cfg = config_cls(
             vocab_size=v,
             hidden_size=hidden,
-            intermediate_size=2 * hidden,
+            intermediate_size=intermediate or 2 * hidden,
             num_hidden_layers=layers,
             num_attention_heads=heads,
-            num_key_value_heads=max(1, heads // 2),
+            num_key_value_heads=kv_heads or max(1, heads // 2),
             max_position_embeddings=1024,
+            **extra,
             **ids,
         )
-        model = transformers.LlamaForCausalLM(cfg)
+        model = model_cls(cfg)
     elif arch == "gpt2":
         cfg = transformers.GPT2Config(
             vocab_size=v,
@@ -98,7 +115,7 @@ def build_tiny_model(
         )
         model = transformers.GPT2LMHeadModel(cfg)
     else:
-        raise ValueError(f"arch={arch!r}: choose 'llama' or 'gpt2'.")
+        raise ValueError(f"arch={arch!r}: choose 'llama', 'qwen2' or 'gpt2'.")
     model.save_pretrained(str(directory))
     tokenizer.save_pretrained(str(directory))
     return transformers.AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
