@@ -126,6 +126,18 @@ def _where(obj: object, method: str) -> str:
     return f"{name}.{method}"
 
 
+_TRUE: dict[torch.device, Tensor] = {}
+
+
+def _all_valid(shape: torch.Size, device: torch.device) -> Tensor:
+    """An all-True bool mask of ``shape``: a read-only expanded view of one cached element (in-place
+    writes to it raise), cheaper than allocating and filling a new tensor every call."""
+    true = _TRUE.get(device)
+    if true is None:
+        true = _TRUE[device] = torch.ones((), dtype=torch.bool, device=device)
+    return true.expand(shape)
+
+
 def _normalise(
     out: Tensor | PolicyOutput, n: int, where: str, device: torch.device, *, check_inf: bool = True
 ) -> LogProbs:
@@ -152,7 +164,8 @@ def _normalise(
         )
     if not logp.dtype.is_floating_point:
         raise TypeError(f"{where} returned log-probs of dtype {logp.dtype}; expected a float dtype.")
-    if not same_device(logp.device, device):
+    logp_device = logp.device
+    if logp_device != device and not same_device(logp_device, device):
         raise ValueError(
             f"{where} returned log-probs on {logp.device}, but the trainer runs on {device}. "
             f"Move the policy with policy.to({str(device)!r}) or set GRPOConfig(device=...)."
@@ -161,7 +174,7 @@ def _normalise(
         logp = logp.unsqueeze(-1)
         entropy = entropy.unsqueeze(-1) if entropy is not None and entropy.dim() == 1 else entropy
     if mask is None:
-        mask = torch.ones(logp.shape, dtype=torch.bool, device=logp.device)
+        mask = _all_valid(logp.shape, logp_device)
     else:
         if mask.dim() == 1:
             mask = mask.unsqueeze(-1)

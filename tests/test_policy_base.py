@@ -64,3 +64,37 @@ def test_policy_parameters_dedupes_and_skips_frozen() -> None:
 
     with pytest.raises(TypeError, match="must return tensors"):
         policy_parameters(Bad())  # type: ignore[arg-type]
+
+
+def test_has_method_on_modules_plain_objects_and_delegating_wrappers() -> None:
+    from torch import nn
+
+    from grpo.policy_base import has_method
+
+    class Plain(nn.Module):
+        def evaluate_actions(self) -> None: ...
+
+    class Delegating(nn.Module):  # forwards unknown attributes to an inner object
+        def __init__(self, inner: object) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> object:
+            try:
+                return super().__getattr__(name)
+            except AttributeError:
+                return getattr(self.__dict__["_modules"]["inner"], name)
+
+    bare = nn.Linear(2, 2)
+    assert has_method(Plain(), "evaluate_actions")
+    assert not has_method(bare, "evaluate_actions")
+    bare.evaluate_actions = lambda: None  # an instance attribute counts
+    assert has_method(bare, "evaluate_actions")
+    assert not has_method(nn.Sequential(nn.Linear(1, 1)), "missing")
+    assert has_method(Delegating(Plain()), "evaluate_actions")
+    assert not has_method(Delegating(nn.Linear(1, 1)), "evaluate_actions")
+    assert has_method(type("Obj", (), {"f": lambda self: 1})(), "f")
+    assert not has_method(object(), "f")
+    lin = nn.Linear(1, 1)
+    lin.weight_fn = 3  # not callable
+    assert not has_method(lin, "weight_fn")
