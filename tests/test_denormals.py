@@ -47,9 +47,13 @@ class Recorder:
 
     def __init__(self) -> None:
         self.seen: list[bool] = []
+        self.threads: list[int] = []
 
     def __call__(self, states: Tensor, actions: Tensor) -> Tensor:
+        import threading
+
         self.seen.append(_torch_flushes())
+        self.threads.append(threading.get_ident())
         return actions.float()
 
 
@@ -91,3 +95,20 @@ def test_flush_denormals_false_leaves_the_setting_alone() -> None:
 def test_config_rejects_a_non_bool() -> None:
     with pytest.raises(ValueError, match=r"flush_denormals.*expected True or False"):
         GRPOConfig(flush_denormals="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("flush", [False, True])
+def test_a_reward_under_a_timeout_computes_as_the_stepping_thread(flush: bool) -> None:
+    # with reward_timeout the reward runs in a helper thread started during the step; a new
+    # thread inherits its creator's floating-point environment (pthread_create), so the reward
+    # computes as the stepping thread does
+    import threading
+
+    reward = Recorder()
+    cfg = GRPOConfig(
+        group_size=4, batch_size=2, kl_coeff=0.0, seed=0, flush_denormals=flush, reward_timeout=30.0
+    )
+    GRPOTrainer(cfg, categorical_mlp(3, 4, (8,)), reward).step(torch.randn(2, 3))
+    assert reward.seen == [flush]
+    assert reward.threads[0] != threading.get_ident()  # it did run in the helper thread
+    assert not _torch_flushes()
