@@ -24,7 +24,14 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["clip_coefficient", "clip_grad_norm", "default_optimizer", "grad_norm", "scale_grads"]
+__all__ = [
+    "clip_coefficient",
+    "clip_grad_norm",
+    "clip_to_norm",
+    "default_optimizer",
+    "grad_norm",
+    "scale_grads",
+]
 
 _FUSED_DEVICES = ("cpu", "cuda")
 
@@ -90,6 +97,17 @@ def scale_grads(grads: Sequence[Tensor], coef: float) -> None:
             g.mul_(coef)
 
 
+def clip_to_norm(grads: Sequence[Tensor], norm: float, max_norm: float | None, dtype: torch.dtype) -> None:
+    """Scale ``grads`` in place by `clip_coefficient` given their total norm ``norm`` (read from a
+    norm tensor of ``dtype``); nothing when ``max_norm`` is None, the norm is not finite (the
+    gradients are left to the caller) or the coefficient is 1 (torch multiplies by 1.0 then)."""
+    if max_norm is None or not grads or not math.isfinite(norm):
+        return
+    coef = clip_coefficient(norm, max_norm, dtype)
+    if coef < 1.0:
+        scale_grads(grads, coef)
+
+
 def clip_grad_norm(params: Sequence[Tensor], max_norm: float | None) -> Tensor:
     """Total 2-norm of the gradients of ``params`` (those that have one); if ``max_norm`` is set,
     scale them in place by ``min(1, max_norm / (norm + 1e-6))``, as ``clip_grad_norm_`` does.
@@ -101,9 +119,5 @@ def clip_grad_norm(params: Sequence[Tensor], max_norm: float | None) -> Tensor:
     grads = [p.grad for p in params if p.grad is not None]
     norm = grad_norm(grads)
     if max_norm is not None and grads:
-        value = float(norm)
-        if math.isfinite(value):
-            coef = clip_coefficient(value, max_norm, norm.dtype)
-            if coef < 1.0:  # torch multiplies by 1.0 then: the same gradients
-                scale_grads(grads, coef)
+        clip_to_norm(grads, float(norm), max_norm, norm.dtype)
     return norm

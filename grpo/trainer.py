@@ -50,7 +50,7 @@ from grpo.experience_collector import (
 from grpo.grpo_objective import STAT_NAMES, GRPOObjective, ObjectiveOutput
 from grpo.kl import KLFn
 from grpo.lr_schedules import build_scheduler
-from grpo.optim import clip_coefficient, default_optimizer, grad_norm, scale_grads
+from grpo.optim import clip_to_norm, default_optimizer, grad_norm
 from grpo.policy_base import (
     EntropyRequest,
     PolicyModel,
@@ -645,7 +645,7 @@ class GRPOTrainer:
         norm before clipping.
 
         The norm and the loss are read to the host together (one synchronisation); the clipping
-        coefficient is computed there (`grpo.optim.clip_coefficient`, bitwise torch's).
+        coefficient is computed there (`grpo.optim.clip_to_norm`, bitwise torch's).
         """
         assert self.optimizer is not None
         if self.distributed is not None:
@@ -663,16 +663,12 @@ class GRPOTrainer:
             values = [float(norm), float(loss)]
         norm_value = values[0]
         if all(math.isfinite(v) for v in values):
-            max_norm = self.config.max_grad_norm
-            if max_norm is not None and grads:
-                coef = clip_coefficient(norm_value, max_norm, norm.dtype)
-                if coef < 1.0:
-                    scale_grads(grads, coef)
+            clip_to_norm(grads, norm_value, self.config.max_grad_norm, norm.dtype)
             self.optimizer.step()
             if self.scheduler is not None:
                 self.scheduler.step()
         else:
-            self.optimizer.zero_grad(set_to_none=True)
+            self._zero_grad()
             self._failed_update = (norm_value, values[1] if len(values) > 1 else float("nan"))
         return norm_value
 
