@@ -361,6 +361,16 @@ class GRPOConfig:
             "communicate, each process trains alone. Batch sizes are per process."
         ),
     )
+    deepspeed: str = field(
+        default="auto",
+        metadata=_help(
+            "DeepSpeed ZeRO-1/2 for the backward pass and optimizer step (pip install "
+            "\"grpo[deepspeed]\"; see grpo.deepspeed_engine and docs/scaling.md). 'auto': when "
+            "accelerate launch was configured for DeepSpeed (ACCELERATE_USE_DEEPSPEED=true), its "
+            "DeepSpeed config; otherwise off. 'off': never. Any other value: the path of a "
+            "DeepSpeed JSON config."
+        ),
+    )
 
     @classmethod
     def recipe(cls, name: str, **overrides: Any) -> GRPOConfig:
@@ -491,6 +501,8 @@ class GRPOConfig:
         check_int("checkpoint_keep_last", 1, optional=True)
         if self.distributed not in DISTRIBUTED_MODES:
             raise bad("distributed", f"choose one of {DISTRIBUTED_MODES}")
+        if not isinstance(self.deepspeed, str) or not self.deepspeed:
+            raise bad("deepspeed", "expected 'auto', 'off' or the path of a DeepSpeed JSON config")
 
     def _check_variants(self, bad: Any, check_float: Any) -> None:
         """Validation of the `# --- algorithm variants ---` fields."""

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from grpo import checkpoint
 from grpo.advantage_estimator import AdvantageEstimator, AdvantageFn, group_stats
 from grpo.config import GRPOConfig
+from grpo.deepspeed_engine import DeepSpeedBackend, deepspeed_config_from
 from grpo.denormals import flush_denormals_on, restore_denormals
 from grpo.distributed import main_process_only, reseed_other_ranks, setup_distributed
 from grpo.experience_collector import (
@@ -197,17 +198,25 @@ class GRPOTrainer:
         kl_in_reward = config.kl_penalty == "reward" and config.kl_coeff > 0
         needs_old_early = kl_in_reward or self.advantage_estimator.needs_mask  # before the update
         multi_step = config.optimizer_steps_per_step > 1 or needs_old_early
+        ds_config = deepspeed_config_from(config.deepspeed)
+        # DeepSpeed reduces the gradients, so they cannot be divided by a loss normaliser learnt
+        # after the backward passes: with several micro-batches per optimizer step the mask must
+        # be known before them, from a forward at collection.
+        mask_first = (
+            ds_config is not None and config.resolved_micro_batch_size < config.resolved_mini_batch_size
+        )
         # Several epochs of one optimizer step each: the first epoch's forwards run before any
         # weight changes, so they give the behaviour log-probs and collection skips that forward
         # (for a step of at most this many states; 0 = never).
-        self._defer_old_up_to = config.resolved_mini_batch_size if multi_step and not needs_old_early else 0
+        defer = multi_step and not needs_old_early and not mask_first
+        self._defer_old_up_to = config.resolved_mini_batch_size if defer else 0
         self.collector = ExperienceCollector(
             self.policy,
             self.reward_model,
             config.group_size,
             self.device,
             reference_policy=self.reference_policy,
-            record_old_log_probs=multi_step,
+            record_old_log_probs=multi_step or mask_first,
             record_sampler_log_probs=config.sampler_is_cap is not None,
             invalid_rewards=config.invalid_rewards,
             reward_timeout=config.reward_timeout,
@@ -252,6 +261,18 @@ class GRPOTrainer:
         self.step_count = 0
         self.non_finite_steps = 0
         self._warned_nothing_to_train = False
+        # DeepSpeed ZeRO-1/2 (grpo.deepspeed_engine): backward and optimizer step through its engine
+        self._deepspeed: DeepSpeedBackend | None = None
+        if ds_config is not None and self.optimizer is not None:
+            self._deepspeed = DeepSpeedBackend(
+                self.policy,
+                self.params,
+                self.optimizer,
+                ds_config,
+                max_grad_norm=config.max_grad_norm,
+                world_size=1 if self.distributed is None else self.distributed.world_size,
+                device=self.device,
+            )
 
     # ---- construction helpers -----------------------------------------------------------
     def _check_param_devices(self) -> None:
@@ -453,7 +474,7 @@ class GRPOTrainer:
         self._is_sums: Tensor | None = None  # (sum of IS weights, capped steps) over valid steps
         multi = cfg.optimizer_steps_per_step > 1
         snapshot: UpdateSnapshot | None = None
-        if multi:
+        if multi and self._deepspeed is None:  # DeepSpeed's optimizer state is partitioned
             snapshot = self._update_snapshot
             snapshot.capture(self.params, self.optimizer, self.scheduler)
         self._rollback: UpdateSnapshot | None = snapshot
@@ -487,11 +508,19 @@ class GRPOTrainer:
                 self._zero_grad()
                 step_stats: Tensor | float = 0.0  # the objective's stats, summed over micro-batches
                 deferred: Tensor | float = 0.0
-                for m_start in range(0, _count(step_groups, num_groups), micro):
+                count = _count(step_groups, num_groups)
+                for m_start in range(0, count, micro):
                     groups = _sub(step_groups, m_start, micro, num_groups)
                     rows = _rows_of(batch, groups, uniform, device)
-                    out, mask, logp = self._micro_step(
-                        batch, rows, groups, normaliser, params_changed, check_inf=old_pieces is not None
+                    out, mask, logp, normaliser = self._micro_step(
+                        batch,
+                        rows,
+                        groups,
+                        normaliser,
+                        params_changed,
+                        check_inf=old_pieces is not None,
+                        boundary=m_start + micro >= count,
+                        step_stats=step_stats,
                     )
                     if old_pieces is not None:
                         old_pieces.append(logp)
@@ -553,12 +582,17 @@ class GRPOTrainer:
         normaliser: Tensor | None,
         params_changed: bool,
         check_inf: bool = False,
-    ) -> tuple[ObjectiveOutput, Tensor, Tensor]:
+        boundary: bool = True,
+        step_stats: Tensor | float = 0.0,
+    ) -> tuple[ObjectiveOutput, Tensor, Tensor, Tensor | None]:
         """Forward, loss and backward of one micro-batch; gradients accumulate.
 
-        Returns the objective's output, the loss mask and the detached behaviour log-probs used.
+        Returns the objective's output, the loss mask, the detached behaviour log-probs used and
+        the loss normaliser (None: still unknown, the caller divides afterwards).
         ``check_inf``: reject +inf log-probs with a ValueError (when these are the behaviour
         log-probs, as at collection); otherwise a non-finite loss is contained by the caller.
+        ``boundary`` (last micro-batch of the optimizer step) and ``step_stats`` (the objective's
+        stats summed over the step's earlier micro-batches; [0] is the loss) are for DeepSpeed.
         """
         lp = evaluate_log_probs(
             self.policy,
@@ -589,6 +623,11 @@ class GRPOTrainer:
             _check_same_shape(ref, logp, "reference log-probs", self.policy)
         adv = select_rows(batch.advantages, rows)
         mask = self._loss_mask(batch, lp.mask, rows)
+        if normaliser is None and self._deepspeed is not None:
+            # one micro-batch per optimizer step here (see __init__): its mask is the step's
+            normaliser = self.objective.normaliser(mask)
+            if self.distributed is not None:
+                normaliser = self.distributed.global_normaliser(normaliser, mask)
         is_weights = self._is_weights(batch, rows, old, logp, mask)
         out = self.objective(
             logp,
@@ -601,8 +640,24 @@ class GRPOTrainer:
             on_policy=not params_changed,
             is_weights=is_weights,
         )
-        out.loss.backward()  # type: ignore[no-untyped-call]
-        return out, mask, old
+        if self._deepspeed is None:
+            out.loss.backward()  # type: ignore[no-untyped-call]
+        else:
+            self._deepspeed_backward(out.loss, boundary, step_stats)
+        return out, mask, old, normaliser
+
+    def _deepspeed_backward(self, loss: Tensor, boundary: bool, step_stats: Tensor | float) -> None:
+        """``engine.backward``; at the boundary, first decide on the global loss of the step (one
+        all-reduce) and record it: a non-finite one poisons the gradients so DeepSpeed skips."""
+        assert self._deepspeed is not None
+        poison = False
+        if boundary:
+            total = loss.detach() + (step_stats if isinstance(step_stats, float) else step_stats[0])
+            if self.distributed is not None:
+                total = self.distributed.all_reduce_sum(total.reshape(1)).reshape(())
+            self._deepspeed_loss = float(total)
+            poison = not math.isfinite(self._deepspeed_loss)
+        self._deepspeed.backward(loss, boundary=boundary, poison=poison)
 
     def _is_weights(
         self, batch: ExperienceBatch, rows: Tensor | None, old: Tensor, logp: Tensor, mask: Tensor
@@ -632,6 +687,9 @@ class GRPOTrainer:
         """``optimizer.zero_grad(set_to_none=True)``; for a torch optimizer that does not override
         it, the same assignments without its profiler scope (a few us per call on small policies)."""
         assert self.optimizer is not None
+        if self._deepspeed is not None:
+            self._deepspeed.zero_grad()
+            return
         if type(self.optimizer).zero_grad is not torch.optim.Optimizer.zero_grad:
             self.optimizer.zero_grad(set_to_none=True)
             return
@@ -648,6 +706,14 @@ class GRPOTrainer:
         coefficient is computed there (`grpo.optim.clip_to_norm`, bitwise torch's).
         """
         assert self.optimizer is not None
+        if self._deepspeed is not None:
+            norm_value, applied = self._deepspeed.step()
+            if applied:
+                if self.scheduler is not None:
+                    self.scheduler.step()
+            else:
+                self._failed_update = (norm_value, self._deepspeed_loss)
+            return norm_value
         if self.distributed is not None:
             # sum: each rank's loss used the global count; the loss rides in the same all-reduce,
             # so every rank decides on the global loss
@@ -764,9 +830,15 @@ class GRPOTrainer:
         if snapshot is not None:
             snapshot.restore()
         self.non_finite_steps += 1
+        undone = (
+            "the update of this step was undone, so the weights and the optimizer state are exactly "
+            "as before it"
+            if self._deepspeed is None or self.config.optimizer_steps_per_step == 1
+            else "DeepSpeed skipped this optimizer step; the earlier optimizer steps of this update "
+            "stand (their optimizer state is partitioned over the processes)"
+        )
         msg = (
-            f"step {self.step_count}: the loss is {loss} and the gradient norm {grad_norm}; the update "
-            f"of this step was undone, so the weights and the optimizer state are exactly as before it "
+            f"step {self.step_count}: the loss is {loss} and the gradient norm {grad_norm}; {undone} "
             f"({self.non_finite_steps} step(s) skipped so far). Look for NaN/inf in the policy's "
             f"log-probs or weights, or lower the learning rate."
         )
@@ -814,6 +886,7 @@ class GRPOTrainer:
         ``config.checkpoint_keep_last``, itself None = keep all). Returns the checkpoint's path.
         """
         keep = self.config.checkpoint_keep_last if keep_last is None else keep_last
+        self._refuse_under_deepspeed("save_checkpoint")
         return main_process_only(  # under torchrun rank 0 writes, the other ranks wait for it
             lambda: checkpoint.save_checkpoint(self, directory, keep_last=keep),
             Path(directory) / f"step-{self.step_count:08d}",
@@ -823,9 +896,20 @@ class GRPOTrainer:
         """Restore this trainer (built with the same objects and config) from ``path``: a directory
         given to `save_checkpoint` (its newest complete checkpoint is used) or one checkpoint.
         Never unpickles. Returns the checkpoint loaded."""
+        self._refuse_under_deepspeed("load_checkpoint")
         loaded = checkpoint.load_checkpoint(self, path)
         reseed_other_ranks(self.config.seed, self.step_count)  # ranks > 0: their own RNG streams
         return loaded
+
+    def _refuse_under_deepspeed(self, what: str) -> None:
+        if self._deepspeed is not None:
+            raise NotImplementedError(
+                f"GRPOTrainer.{what} is not supported with DeepSpeed ZeRO: the optimizer state is "
+                f"partitioned over the processes, and the trainer's checkpoint holds one optimizer "
+                f"state. Save the model itself (e.g. CausalLMPolicy.save_pretrained, as grpo-train "
+                f"does), or train without DeepSpeed (GRPOConfig(deepspeed='off')) to get resumable "
+                f"checkpoints."
+            )
 
     @classmethod
     def from_checkpoint(

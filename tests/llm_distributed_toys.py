@@ -18,6 +18,11 @@ def record_prompts(prompts: list[Any], completions: list[str], **columns: Any) -
     return [float(len(c)) for c in completions]
 
 
+def char_score(prompts: list[Any], completions: list[str], **columns: Any) -> list[float]:
+    """A reward that differs between completions (so the advantages, and the update, are not 0)."""
+    return [float(sum(map(ord, c)) % 7) for c in completions]
+
+
 def cli_worker(rank: int, world: int, out: Path) -> None:
     """``grpo-train`` with the arguments in ``out/args.json`` on this rank."""
     from grpo.llm.cli import main
@@ -29,3 +34,26 @@ def cli_worker(rank: int, world: int, out: Path) -> None:
     args = json.loads((out / "args.json").read_text())
     if main(args) != 0:
         raise RuntimeError(f"grpo-train returned non-zero on rank {rank}")
+
+
+def deepspeed_cli_worker(rank: int, world: int, out: Path) -> None:
+    """`cli_worker` with the variables ``accelerate launch`` exports for a DeepSpeed config
+    (``out/accelerate_env.json``); records the ZeRO stage the trainer ran with."""
+    import grpo.llm.cli as cli
+
+    os.environ.update(json.loads((out / "accelerate_env.json").read_text()))
+    built: list[Any] = []
+    original = cli.GRPOTrainer
+
+    class Recording(original):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    cli.GRPOTrainer = Recording  # type: ignore[misc]
+    try:
+        cli_worker(rank, world, out)
+    finally:
+        cli.GRPOTrainer = original  # type: ignore[misc]
+    ds = built[0]._deepspeed
+    (out / f"stage-rank{rank}.json").write_text(json.dumps(None if ds is None else ds.stage))

@@ -168,6 +168,12 @@ class CausalLMPolicy:
         """The trainable tensors (with LoRA: the adapter's only)."""
         return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
 
+    def training_module(self) -> nn.Module:
+        """The module holding the trainable parameters (the model, or the PEFT model), for engines
+        that wrap a module such as DeepSpeed (`grpo.deepspeed_engine`)."""
+        module: nn.Module = self.model
+        return module
+
     def train(self) -> CausalLMPolicy:
         self.model.train()
         return self

@@ -1,0 +1,314 @@
+"""DeepSpeed ZeRO-1/2 for `GRPOTrainer`: the backward pass and the optimizer step go through a
+DeepSpeed engine, which partitions the optimizer state (stage 1) and the gradients (stage 2)
+over the data-parallel processes.
+
+Turned on by ``GRPOConfig(deepspeed=...)``: a path to a DeepSpeed JSON config, or ``"auto"`` (the
+default), which follows ``accelerate launch`` — when accelerate was configured for DeepSpeed it
+exports ``ACCELERATE_USE_DEEPSPEED=true`` and ``ACCELERATE_DEEPSPEED_CONFIG_FILE`` (or the ZeRO
+stage, offload, clipping and mixed-precision settings as variables), and those are read here.
+Nothing changes in the training script. Needs ``pip install "grpo[deepspeed]"``.
+
+The update is the same as without DeepSpeed (tested against one process on the global batch):
+
+* each process's loss is its share of the global mean (``sum_{i in rank} mask * l / C`` with the
+  all-reduced count ``C``, see `grpo.distributed`); DeepSpeed *averages* gradients over the W
+  processes, so the loss is multiplied by W before ``engine.backward``: the reduced gradient is
+  ``sum_r grad(loss_r)``, the gradient of the single-process loss;
+* micro-batches accumulate locally: the trainer marks the last micro-batch of each optimizer step
+  as DeepSpeed's accumulation boundary (``engine.set_gradient_accumulation_boundary``) and calls
+  ``engine.step()`` once per optimizer step; DeepSpeed's own ``gradient_accumulation_steps`` is 1;
+* clipping is DeepSpeed's ``gradient_clipping``, set from ``GRPOConfig.max_grad_norm``;
+* a non-finite step is skipped by DeepSpeed's overflow check (a non-finite gradient norm discards
+  the step and clears the gradients, on every rank since the norm is global). A non-finite loss
+  with finite gradients (a NaN in a masked-out term) is made visible to that check by scaling the
+  boundary micro-batch's loss by NaN, so the step is skipped as without DeepSpeed. With bf16 the
+  check is switched on (``bf16.check_grad_overflow``) unless the config says otherwise.
+
+Limits: ZeRO stage 3 (partitioned parameters) is not supported yet — the LLM policy's chunked
+log-prob head reads the head weight directly, and DeepSpeed's stage 3 does not skip non-finite
+steps outside fp16. Stage 0 is plain data parallelism, which the trainer does itself (no
+DeepSpeed needed). The optimizer and LR schedule are the trainer's (``GRPOConfig.learning_rate``,
+``lr_schedule``, or ``optimizer=``); a config with ``"optimizer"`` or ``"scheduler"`` sections is
+refused. When a later optimizer step of a multi-step update (several epochs or mini-batches) is
+skipped, the earlier steps of that update stand (the rollback of the whole update needs the
+partitioned optimizer state). ``GRPOTrainer.save_checkpoint`` is refused (the optimizer state is
+partitioned); save the model with the policy's own ``save_pretrained``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["DeepSpeedBackend", "deepspeed_config_from", "prepare_deepspeed_config", "training_module"]
+
+_TRUE = ("1", "true", "yes")
+logger = logging.getLogger(__name__)
+
+
+def deepspeed_config_from(spec: str) -> dict[str, Any] | None:
+    """The DeepSpeed config that ``GRPOConfig.deepspeed == spec`` asks for, or None for none.
+
+    ``"off"`` -> None. ``"auto"`` -> None unless launched by ``accelerate launch`` with DeepSpeed
+    (``ACCELERATE_USE_DEEPSPEED=true``); then the JSON file in ``ACCELERATE_DEEPSPEED_CONFIG_FILE``,
+    or a config built from ``ACCELERATE_DEEPSPEED_ZERO_STAGE``,
+    ``ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE``, ``ACCELERATE_GRADIENT_CLIPPING`` and
+    ``ACCELERATE_MIXED_PRECISION``. Anything else is the path of a DeepSpeed JSON config.
+    """
+    if spec == "off":
+        return None
+    if spec == "auto":
+        if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() not in _TRUE:
+            return None
+        path = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+        if path:
+            return _read(path, "ACCELERATE_DEEPSPEED_CONFIG_FILE")
+        zero: dict[str, Any] = {"stage": int(os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2"))}
+        offload = os.environ.get("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "none")
+        if offload != "none":
+            zero["offload_optimizer"] = {"device": offload}
+        cfg: dict[str, Any] = {"zero_optimization": zero}
+        clip = os.environ.get("ACCELERATE_GRADIENT_CLIPPING")
+        if clip:
+            cfg["gradient_clipping"] = float(clip)
+        return cfg
+    return _read(spec, "GRPOConfig.deepspeed")
+
+
+def _read(path: str, what: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(
+            f"{what} names the DeepSpeed config {str(p)!r}, which is not a file (relative paths are "
+            f"read from the working directory {os.getcwd()!r}). Give the path of a DeepSpeed JSON "
+            f"config, e.g. examples/configs/deepspeed_zero2.json."
+        )
+    try:
+        cfg = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"the DeepSpeed config {str(p)!r} ({what}) is not valid JSON: {e}") from e
+    if not isinstance(cfg, dict):
+        raise ValueError(
+            f"the DeepSpeed config {str(p)!r} must hold a JSON object, got {type(cfg).__name__}."
+        )
+    return cfg
+
+
+def _mixed_precision() -> str:
+    return os.environ.get("ACCELERATE_MIXED_PRECISION", "no").lower()
+
+
+def prepare_deepspeed_config(
+    raw: Mapping[str, Any], *, max_grad_norm: float | None, world_size: int
+) -> dict[str, Any]:
+    """``raw`` with the trainer's settings filled in and checked (a new dict; ``raw`` is unchanged).
+
+    * ``zero_optimization.stage`` must be 1 or 2 (see the module docstring for 0 and 3);
+    * ``gradient_clipping``: ``"auto"`` or absent -> ``max_grad_norm`` (0 = off when None); a number
+      must equal it;
+    * ``gradient_accumulation_steps``: ``"auto"``, absent or 1 (the trainer accumulates
+      micro-batches itself, ``GRPOConfig.micro_batch_size``);
+    * ``train_micro_batch_size_per_gpu`` = 1 and ``train_batch_size`` = ``world_size``: DeepSpeed
+      only counts samples with them; the trainer decides what one step holds;
+    * ``bf16.enabled`` / ``fp16.enabled`` ``"auto"`` -> accelerate's mixed precision
+      (``ACCELERATE_MIXED_PRECISION``), else off; with bf16, ``bf16.check_grad_overflow`` defaults
+      to true (a non-finite step is skipped);
+    * other ``"auto"`` values inside ``zero_optimization`` take DeepSpeed's defaults.
+    """
+    cfg: dict[str, Any] = json.loads(json.dumps(dict(raw)))  # a deep copy of plain JSON data
+    for section in ("optimizer", "scheduler"):
+        if section in cfg:
+            raise ValueError(
+                f"the DeepSpeed config has a {section!r} section, but the trainer owns the optimizer "
+                f"and the learning-rate schedule (GRPOConfig.learning_rate, weight_decay, lr_schedule, "
+                f"warmup_steps, or GRPOTrainer(optimizer=...)). Remove the {section!r} section."
+            )
+    zero = cfg.get("zero_optimization") or {}
+    if not isinstance(zero, dict):
+        raise ValueError(f"the DeepSpeed config's zero_optimization must be an object, got {zero!r}.")
+    stage = zero.get("stage", 0)
+    if stage == 3:
+        raise NotImplementedError(
+            "DeepSpeed ZeRO stage 3 (partitioned parameters) is not supported by GRPOTrainer yet: "
+            "the LLM policy's chunked log-prob head reads the LM-head weight directly, and stage 3 "
+            "does not skip non-finite steps outside fp16. Use stage 2 (optimizer states and "
+            "gradients partitioned, e.g. examples/configs/deepspeed_zero2.json)."
+        )
+    if stage not in (1, 2):
+        raise ValueError(
+            f"the DeepSpeed config asks for zero_optimization.stage={stage!r}; GRPOTrainer supports "
+            f"stages 1 and 2. For plain data parallelism (stage 0) leave DeepSpeed out "
+            f"(GRPOConfig(deepspeed='off')): the trainer reduces gradients itself under torchrun or "
+            f"accelerate launch."
+        )
+    for key, value in list(zero.items()):
+        if value == "auto":
+            del zero[key]
+    cfg["zero_optimization"] = zero
+
+    want_clip = 0.0 if max_grad_norm is None else float(max_grad_norm)
+    clip = cfg.get("gradient_clipping", "auto")
+    if clip == "auto":
+        cfg["gradient_clipping"] = want_clip
+    elif not isinstance(clip, (int, float)) or float(clip) != want_clip:
+        raise ValueError(
+            f"the DeepSpeed config sets gradient_clipping={clip!r} but GRPOConfig.max_grad_norm is "
+            f'{max_grad_norm!r}; one value must rule. Set gradient_clipping to "auto" (or remove '
+            f"it) to use max_grad_norm, or set max_grad_norm={clip!r}."
+        )
+    gas = cfg.get("gradient_accumulation_steps", "auto")
+    if gas not in ("auto", 1):
+        raise ValueError(
+            f"the DeepSpeed config sets gradient_accumulation_steps={gas!r}; the trainer accumulates "
+            f"micro-batches itself (GRPOConfig.micro_batch_size; one optimizer step per "
+            f'mini-batch). Set it to "auto" or 1.'
+        )
+    cfg["gradient_accumulation_steps"] = 1
+    cfg["train_micro_batch_size_per_gpu"] = 1
+    cfg["train_batch_size"] = world_size
+
+    mixed = _mixed_precision()
+    for precision in ("bf16", "fp16"):
+        settings = cfg.get(precision)
+        if settings is None:
+            continue
+        if not isinstance(settings, dict):
+            raise ValueError(f"the DeepSpeed config's {precision} must be an object, got {settings!r}.")
+        if settings.get("enabled", "auto") == "auto":
+            settings["enabled"] = mixed == precision
+    bf16 = cfg.get("bf16")
+    if isinstance(bf16, dict) and bf16.get("enabled"):
+        bf16.setdefault("check_grad_overflow", True)
+    cfg.setdefault("steps_per_print", 10**9)  # DeepSpeed's periodic log lines: off
+    return cfg
+
+
+def training_module(policy: Any) -> nn.Module:
+    """The ``nn.Module`` that holds the policy's trainable parameters, handed to DeepSpeed.
+
+    ``policy.training_module()`` when the policy defines it (`grpo.llm.CausalLMPolicy` returns its
+    Hugging Face model), else the policy itself when it is an ``nn.Module``.
+    """
+    fn = getattr(type(policy), "training_module", None)
+    module: object = fn(policy) if callable(fn) else policy
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            f"DeepSpeed trains an nn.Module, but {type(policy).__name__} is not one and has no "
+            f"training_module() method returning the nn.Module that holds its parameters. Add "
+            f"that method, or set GRPOConfig(deepspeed='off')."
+        )
+    return module
+
+
+def _join_process_group(world_size: int, device: torch.device) -> None:
+    """DeepSpeed needs a process group: with one process and none initialised, make a 1-process one
+    (an in-memory store: no port; ``LOCAL_RANK`` defaults to 0 as DeepSpeed requires it); refuse a
+    group larger than the trainer's view (``GRPOConfig(distributed='off')`` under a launcher)."""
+    dist = torch.distributed
+    if world_size == 1:
+        os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed asserts that a launcher set it
+    if dist.is_initialized():
+        if dist.get_world_size() != world_size:
+            raise ValueError(
+                f"DeepSpeed would train over the {dist.get_world_size()} processes of the process "
+                f"group, but the trainer trains alone (GRPOConfig(distributed='off')). Use "
+                f"distributed='auto' to train data-parallel, or deepspeed='off'."
+            )
+        return
+    if world_size != 1:  # pragma: no cover - the trainer joined the group when world_size > 1
+        raise RuntimeError("internal error: several processes but no process group")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    store = dist.HashStore()  # type: ignore[attr-defined]
+    dist.init_process_group(backend, store=store, rank=0, world_size=1)
+
+
+class DeepSpeedBackend:
+    """A DeepSpeed engine over the policy's module and the trainer's optimizer.
+
+    Args:
+        policy: the policy (see `training_module`); its trainable parameters must be exactly the
+            module's (``policy.get_parameters()`` with ``requires_grad``).
+        params: the trainer's parameters (``policy_parameters(policy)``).
+        optimizer: the trainer's torch optimizer over ``params``; DeepSpeed wraps it.
+        config: a DeepSpeed config (`prepare_deepspeed_config` is applied to it).
+        max_grad_norm: ``GRPOConfig.max_grad_norm``.
+        world_size: data-parallel processes (the trainer's; 1 = one process).
+        device: the trainer's device.
+    """
+
+    def __init__(
+        self,
+        policy: Any,
+        params: Sequence[Tensor],
+        optimizer: torch.optim.Optimizer,
+        config: Mapping[str, Any],
+        *,
+        max_grad_norm: float | None,
+        world_size: int,
+        device: torch.device,
+    ) -> None:
+        try:
+            import deepspeed  # type: ignore[import-untyped,import-not-found,unused-ignore]
+        except ImportError as e:
+            raise ImportError(
+                "GRPOConfig.deepspeed asks for DeepSpeed, which is not installed. Install it with "
+                "pip install \"grpo[deepspeed]\", or set GRPOConfig(deepspeed='off')."
+            ) from e
+        module = training_module(policy)
+        trainable = {id(p) for p in module.parameters() if p.requires_grad}
+        if trainable != {id(p) for p in params}:
+            raise ValueError(
+                f"DeepSpeed trains the parameters of {type(module).__name__} that require grad "
+                f"({len(trainable)} tensors), but policy.get_parameters() gives {len(params)} "
+                f"trainable tensors that are not the same set. Make get_parameters() return "
+                f"exactly the module's trainable parameters."
+            )
+        self.config = prepare_deepspeed_config(config, max_grad_norm=max_grad_norm, world_size=world_size)
+        _join_process_group(world_size, device)
+        self.world_size = world_size
+        self.stage = int(self.config["zero_optimization"]["stage"])
+        engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.config)
+        self.engine: Any = engine
+        if torch.distributed.get_rank() == 0:
+            logger.info(
+                "DeepSpeed ZeRO-%d on %d process(es): backward and optimizer step through DeepSpeed "
+                "%s (gradient_clipping=%s, bf16=%s)",
+                self.stage,
+                world_size,
+                deepspeed.__version__,
+                self.config["gradient_clipping"],
+                bool((self.config.get("bf16") or {}).get("enabled")),
+            )
+
+    def backward(self, loss: Tensor, *, boundary: bool, poison: bool = False) -> None:
+        """Backward of one micro-batch's ``loss`` (this rank's share of the global mean).
+
+        ``boundary``: the last micro-batch of the optimizer step (DeepSpeed reduces then).
+        ``poison``: the step's global loss is not finite; make the gradients non-finite too, so
+        DeepSpeed's overflow check skips the step.
+        """
+        self.engine.set_gradient_accumulation_boundary(boundary)
+        scaled = loss * self.world_size  # DeepSpeed averages over ranks; the losses are shares of a sum
+        if poison:
+            scaled = scaled * math.nan
+        self.engine.backward(scaled, scale_wrt_gas=False)
+
+    def step(self) -> tuple[float, bool]:
+        """``engine.step()``: reduce, clip, update. Returns (global gradient norm before clipping,
+        whether the update was applied)."""
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        value = math.nan if norm is None else float(norm)
+        return value, bool(self.engine.was_step_applied())
+
+    def zero_grad(self) -> None:
+        """Clear the module's gradients (DeepSpeed clears its own buffers after each step)."""
+        self.engine.zero_grad()

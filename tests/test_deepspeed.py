@@ -1,0 +1,271 @@
+"""DeepSpeed ZeRO-1/2 (`grpo.deepspeed_engine`): 2 CPU processes (gloo) with DeepSpeed against one
+process without it on the same global batch; config handling; `grpo-train` under the variables
+``accelerate launch`` exports for a DeepSpeed config."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("deepspeed")
+
+from grpo import GRPOConfig
+from grpo.deepspeed_engine import deepspeed_config_from, prepare_deepspeed_config, training_module
+from tests.deepspeed_toys import DS_SCENARIOS, ds_worker
+from tests.distributed_toys import LOCAL_B, STEPS, build, data, launch, params
+
+ROOT = Path(__file__).resolve().parents[1]
+WORLD = 2
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("deepspeed")
+    ref: dict[str, Any] = {}
+    for name in DS_SCENARIOS:
+        tr = build(name, WORLD * LOCAL_B)
+        d = data(name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            metrics = [tr.step(d["states"][s], noise=d["noise"][s]) for s in range(STEPS)]
+        ref[name] = {"params": params(tr), "metrics": metrics, "non_finite": tr.non_finite_steps}
+    launch(ds_worker, out, world=WORLD, timeout=420.0)  # the first run JIT-builds DeepSpeed's CPU ops
+    ranks = [torch.load(out / f"ds-rank{r}.pt", weights_only=True) for r in range(WORLD)]
+    return {"ref": ref, "ranks": ranks}
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("name", DS_SCENARIOS)
+def test_zero_on_two_processes_equals_one_process_without_deepspeed(
+    run: dict[str, Any], name: str, stage: int
+) -> None:
+    """bandit_deferred: 2 micro-batches (mask recorded at collection); bandit_zero_var: 2 epochs,
+    KL, all-zero-variance groups on rank 1; bandit_poison: a NaN loss on rank 1 at step 2, skipped
+    on every rank; seq_*: token-mean over lengths that differ 3x between the ranks."""
+    ref = run["ref"][name]
+    for rank in range(WORLD):
+        got = run["ranks"][rank][f"{name}/zero{stage}"]
+        assert got["params"].keys() == ref["params"].keys()
+        for k, v in ref["params"].items():
+            err = (got["params"][k] - v).abs().max().item()
+            assert err <= 1e-6, f"rank {rank} {k}: max |diff| = {err:.3g}"
+        assert got["non_finite"] == ref["non_finite"]
+        for a, b in zip(got["metrics"], ref["metrics"], strict=True):
+            assert a["reward/mean"] == pytest.approx(b["reward/mean"], abs=1e-6)
+            assert a["optim/non_finite_steps"] == b["optim/non_finite_steps"]
+            if math_finite(b["loss/total"]):
+                assert a["loss/total"] == pytest.approx(b["loss/total"], abs=1e-5)
+                assert a["grad/norm"] == pytest.approx(b["grad/norm"], rel=1e-4, abs=1e-6)
+    assert ref["non_finite"] == (1 if name == "bandit_poison" else 0)
+
+
+def math_finite(x: float) -> bool:
+    return x == x and abs(x) != float("inf")
+
+
+@pytest.fixture
+def own_process_group(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """For a one-process DeepSpeed trainer: it makes a 1-process group and sets LOCAL_RANK=0;
+    both are undone afterwards so later tests see a plain process."""
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert not torch.distributed.is_initialized()
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    os.environ.pop("LOCAL_RANK", None)
+
+
+@pytest.mark.usefixtures("own_process_group")
+def test_one_process_with_deepspeed_equals_one_without(tmp_path: Path) -> None:
+    cfg = tmp_path / "zero2.json"
+    cfg.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    d = data("seq_known", 1)
+    ref = build("seq_known", LOCAL_B)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tr = build("seq_known", LOCAL_B, deepspeed=str(cfg))
+        for s in range(STEPS):
+            ref.step(d["states"][s], noise=d["noise"][s])
+            tr.step(d["states"][s], noise=d["noise"][s])
+    assert tr._deepspeed is not None
+    a, b = params(ref), params(tr)
+    for k in a:
+        assert (a[k] - b[k]).abs().max().item() <= 1e-6
+    with pytest.raises(NotImplementedError, match="partitioned over the processes"):
+        tr.save_checkpoint(tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()
+
+
+# ---- configuration ------------------------------------------------------------------------------
+def test_prepare_fills_the_trainers_settings_and_leaves_the_input_alone() -> None:
+    shipped = json.loads((ROOT / "examples/configs/deepspeed_zero2.json").read_text())
+    before = json.dumps(shipped)
+    cfg = prepare_deepspeed_config(shipped, max_grad_norm=0.5, world_size=4)
+    assert json.dumps(shipped) == before
+    assert cfg["gradient_clipping"] == 0.5
+    assert cfg["gradient_accumulation_steps"] == 1
+    assert cfg["train_micro_batch_size_per_gpu"] == 1
+    assert cfg["train_batch_size"] == 4
+    assert "reduce_bucket_size" not in cfg["zero_optimization"]  # "auto": DeepSpeed's default
+    assert cfg["zero_optimization"]["stage"] == 2
+    assert cfg["bf16"]["enabled"] is False
+    assert cfg["fp16"]["enabled"] is False
+    assert (
+        prepare_deepspeed_config({"zero_optimization": {"stage": 1}}, max_grad_norm=None, world_size=1)[
+            "gradient_clipping"
+        ]
+        == 0.0
+    )
+
+
+def test_bf16_from_accelerate_turns_on_the_overflow_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    cfg = prepare_deepspeed_config(
+        {"zero_optimization": {"stage": 2}, "bf16": {"enabled": "auto"}}, max_grad_norm=1.0, world_size=2
+    )
+    assert cfg["bf16"] == {"enabled": True, "check_grad_overflow": True}
+
+
+@pytest.mark.parametrize(
+    ("raw", "error", "match"),
+    [
+        ({"zero_optimization": {"stage": 3}}, NotImplementedError, "stage 3"),
+        ({"zero_optimization": {"stage": 0}}, ValueError, "stage=0"),
+        ({}, ValueError, "stage=0"),
+        ({"zero_optimization": {"stage": 2}, "optimizer": {"type": "Adam"}}, ValueError, "'optimizer'"),
+        ({"zero_optimization": {"stage": 2}, "scheduler": {}}, ValueError, "'scheduler'"),
+        ({"zero_optimization": {"stage": 2}, "gradient_clipping": 2.0}, ValueError, "max_grad_norm is 1.0"),
+        ({"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 4}, ValueError, "micro_batch"),
+    ],
+)
+def test_prepare_refuses_what_the_trainer_cannot_honour(
+    raw: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        prepare_deepspeed_config(raw, max_grad_norm=1.0, world_size=2)
+
+
+def test_config_source_follows_accelerate_launch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for var in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DEEPSPEED_CONFIG_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    assert deepspeed_config_from("auto") is None  # not launched with DeepSpeed
+    assert deepspeed_config_from("off") is None
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "1")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "cpu")
+    monkeypatch.setenv("ACCELERATE_GRADIENT_CLIPPING", "0.5")
+    assert deepspeed_config_from("auto") == {
+        "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}},
+        "gradient_clipping": 0.5,
+    }
+    f = tmp_path / "ds.json"
+    f.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(f))
+    assert deepspeed_config_from("auto") == {"zero_optimization": {"stage": 2}}
+    assert deepspeed_config_from("off") is None  # off wins over the launcher
+    with pytest.raises(FileNotFoundError, match=r"missing\.json"):
+        deepspeed_config_from(str(tmp_path / "missing.json"))
+    f.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        deepspeed_config_from(str(f))
+
+
+def test_a_policy_that_is_not_a_module_needs_training_module() -> None:
+    from tests.conftest import WordPolicy
+
+    with pytest.raises(TypeError, match="training_module"):
+        training_module(WordPolicy())
+    with pytest.raises(ValueError, match=r"GRPOConfig\.deepspeed=''"):
+        GRPOConfig(deepspeed="")
+
+
+# ---- the LLM path -------------------------------------------------------------------------------
+def tiny_model_and_prompts(directory: Path, n: int) -> None:
+    """A tiny causal LM + tokenizer saved to ``directory/model`` and ``n`` prompts in
+    ``directory/data.jsonl`` (column ``q``)."""
+    pytest.importorskip("transformers")
+    from tests.llm_helpers import build_model, build_tokenizer
+
+    build_model(directory / "model", build_tokenizer(directory / "model"))
+    with open(directory / "data.jsonl", "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"q": f"{i}+1="}) + "\n")
+
+
+def test_grpo_train_under_accelerate_deepspeed_zero2(tmp_path: Path) -> None:
+    """Two processes with the variables `accelerate launch --config_file
+    examples/configs/accelerate_zero2.yaml` exports: the trainer runs ZeRO-2 on every rank, rank 0
+    writes checkpoints that load with from_pretrained, and the weights equal a run without
+    DeepSpeed (same seed, same prompts)."""
+    pytest.importorskip("transformers")
+    from transformers import AutoModelForCausalLM
+
+    from tests.llm_distributed_toys import deepspeed_cli_worker
+
+    tiny_model_and_prompts(tmp_path, 8)
+    toys = Path(__file__).with_name("llm_distributed_toys.py")
+    finals = {}
+    for mode in ("deepspeed", "off"):
+        out = tmp_path / mode
+        out.mkdir()
+        args = [
+            "--model-name", str(tmp_path / "model"), "--dataset", str(tmp_path / "data.jsonl"),
+            "--prompt-column", "q", "--batch-size", "2", "--num-generations", "2", "--max-new-tokens", "3",
+            "--reward", f"{toys}:char_score", "--output-dir", str(out / "run"), "--save-steps", "1",
+            "--logging-steps", "1", "--device", "cpu", "--no-progress", "--seed", "3",
+            "--learning-rate", "0.01",
+        ]  # fmt: skip
+        (out / "args.json").write_text(json.dumps(args))
+        env = {
+            "ACCELERATE_USE_DEEPSPEED": "true" if mode == "deepspeed" else "false",
+            "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(ROOT / "examples/configs/deepspeed_zero2.json"),
+            "ACCELERATE_MIXED_PRECISION": "no",
+        }
+        (out / "accelerate_env.json").write_text(json.dumps(env))
+        launch(deepspeed_cli_worker, out, world=WORLD, timeout=420.0)
+        stages = [json.loads((out / f"stage-rank{r}.json").read_text()) for r in range(WORLD)]
+        assert stages == ([2] * WORLD if mode == "deepspeed" else [None] * WORLD)
+        run_dir = out / "run"
+        for d in ("checkpoint-1", "checkpoint-2", "final_model"):
+            assert (run_dir / d / "model.safetensors").exists()
+        finals[mode] = AutoModelForCausalLM.from_pretrained(run_dir / "final_model").state_dict()
+    initial = AutoModelForCausalLM.from_pretrained(tmp_path / "model").state_dict()
+    moved = 0.0
+    for k, v in finals["off"].items():
+        assert (finals["deepspeed"][k] - v).abs().max().item() <= 1e-5, k
+        moved = max(moved, (v - initial[k]).abs().max().item())
+    assert moved > 1e-4  # training changed the weights (the comparison is not of two untouched models)
+
+
+def test_accelerate_launch_with_the_shipped_zero2_config(tmp_path: Path) -> None:
+    """The documented command, for real: `accelerate launch --config_file
+    examples/configs/accelerate_zero2.yaml --num_processes 2 -m grpo.llm ...` from the repository
+    root, on 2 CPU processes. The trainer reports ZeRO-2 on 2 processes; rank 0 writes a final
+    model that loads with from_pretrained."""
+    pytest.importorskip("accelerate")
+    pytest.importorskip("transformers")
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM
+
+    tiny_model_and_prompts(tmp_path, 4)
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", "examples/configs/accelerate_zero2.yaml", "--num_processes", "2",
+        "-m", "grpo.llm", "--model-name", str(tmp_path / "model"), "--dataset", str(tmp_path / "data.jsonl"),
+        "--prompt-column", "q", "--batch-size", "2", "--num-generations", "2", "--max-new-tokens", "3",
+        "--reward", "tests/llm_distributed_toys.py:char_score", "--output-dir", str(tmp_path / "run"),
+        "--device", "cpu", "--no-progress",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "DeepSpeed ZeRO-2 on 2 process(es)" in proc.stderr
+    AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final_model")
