@@ -31,6 +31,6 @@ def test_accelerate_config_parses_and_points_at_its_deepspeed_json(
     ds = json.loads(ds_file.read_text())
     assert ds["zero_optimization"]["stage"] == zero_stage
     assert cfg["deepspeed_config"]["zero3_init_flag"] is (zero_stage == 3)
-    # batch sizes, accumulation and clipping are filled in by accelerate from the script
+    # batch sizes, accumulation and clipping are filled in by the trainer (grpo.deepspeed_engine)
     assert ds["train_micro_batch_size_per_gpu"] == "auto"
     assert ds["gradient_clipping"] == "auto"
