@@ -2,6 +2,7 @@
 
     python benchmarks/scaling.py                      # global batches 64 and 512 states, G = 8
     python benchmarks/scaling.py --global-batch 256 --steps 40 --repeats 9
+    python benchmarks/scaling.py --deepspeed          # also W=2 through DeepSpeed ZeRO-2
 
 Strong scaling: the global batch (states per step over all processes) is fixed; with W processes
 each steps on ``global_batch / W`` states. Every process uses one thread (``torch.set_num_threads
@@ -13,10 +14,12 @@ changes on a shared machine hit all three alike:
     W=1       rank 0 alone steps on the whole global batch (rank 1 waits in a barrier)
     W=2       both ranks, data-parallel, global_batch / 2 states each
     no-sync   both ranks on their halves with distributed="off" (no collectives at all)
+    ZeRO-2    (with --deepspeed) W=2 with backward and optimizer step through DeepSpeed ZeRO-2
 
 Printed per global batch: the median steps/s of each, speedup = W=2 / W=1, efficiency =
 speedup / 2, and sync cost = 1 - W=2 / no-sync (the share of a step spent in collectives and
-waiting for the other rank).
+waiting for the other rank); with --deepspeed, ZeRO-2 steps/s and its ratio to W=2 (the trainer's
+own gradient sync).
 """
 
 from __future__ import annotations
@@ -36,14 +39,14 @@ import torch.multiprocessing as mp
 OBS, ARMS, HIDDEN, GROUP = 16, 8, (64, 64), 8
 
 
-def _worker(rank: int, world: int, port: int, args: tuple[int, int, int, int], out: str) -> None:
+def _worker(rank: int, world: int, port: int, args: tuple[int, int, int, int, str], out: str) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world),
     )  # fmt: skip
     from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
 
-    global_batch, steps, warmup, repeats = args
+    global_batch, steps, warmup, repeats, ds_config = args
     torch.set_num_threads(1)
     torch.manual_seed(0)
     true_w = torch.randn(OBS, ARMS)
@@ -51,10 +54,10 @@ def _worker(rank: int, world: int, port: int, args: tuple[int, int, int, int], o
     def reward(states: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         return (actions == (states @ true_w).argmax(-1)).float()
 
-    def trainer(batch: int, mode: str) -> GRPOTrainer:
+    def trainer(batch: int, mode: str, deepspeed: str = "off") -> GRPOTrainer:
         cfg = GRPOConfig(
             group_size=GROUP, batch_size=batch, kl_coeff=0.0, learning_rate=1e-3, seed=0,
-            distributed=mode,  # type: ignore[arg-type]
+            distributed=mode, deepspeed=deepspeed,  # type: ignore[arg-type]
         )  # fmt: skip
         return GRPOTrainer(cfg, categorical_mlp(OBS, ARMS, HIDDEN), reward)
 
@@ -62,6 +65,7 @@ def _worker(rank: int, world: int, port: int, args: tuple[int, int, int, int], o
     synced = trainer(local, "auto")  # joins the process group (collective)
     alone = trainer(local, "off")
     single = trainer(global_batch, "off") if rank == 0 else None
+    zero = trainer(local, "auto", ds_config) if ds_config else None
 
     def window(t: GRPOTrainer, batch: int, n: int) -> float:
         t0 = time.perf_counter()
@@ -69,7 +73,7 @@ def _worker(rank: int, world: int, port: int, args: tuple[int, int, int, int], o
             t.step(torch.randn(batch, OBS))
         return time.perf_counter() - t0
 
-    times: dict[str, list[float]] = {"W=1": [], "W=2": [], "no-sync": []}
+    times: dict[str, list[float]] = {"W=1": [], "W=2": [], "no-sync": [], "ZeRO-2": []}
     for r in range(repeats + 1):
         n = warmup if r == 0 else steps
         torch.distributed.barrier()
@@ -85,8 +89,13 @@ def _worker(rank: int, world: int, port: int, args: tuple[int, int, int, int], o
         dt = window(alone, local, n)
         if r:
             times["no-sync"].append(dt)
+        if zero is not None:
+            torch.distributed.barrier()
+            dt = window(zero, local, n)
+            if r:
+                times["ZeRO-2"].append(dt)
     if rank == 0:
-        Path(out).write_text(json.dumps({k: steps / statistics.median(v) for k, v in times.items()}))
+        Path(out).write_text(json.dumps({k: steps / statistics.median(v) for k, v in times.items() if v}))
     torch.distributed.destroy_process_group()
 
 
@@ -96,11 +105,18 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def measure(global_batch: int, steps: int, warmup: int, repeats: int) -> dict[str, float]:
-    """Median steps/s of the three kinds of window (see the module docstring)."""
+def measure(
+    global_batch: int, steps: int, warmup: int, repeats: int, deepspeed: bool = False
+) -> dict[str, float]:
+    """Median steps/s of each kind of window (see the module docstring)."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "sps.txt")
-        mp.spawn(_worker, args=(2, _free_port(), (global_batch, steps, warmup, repeats), out), nprocs=2)
+        ds_config = ""
+        if deepspeed:
+            ds_config = os.path.join(d, "zero2.json")
+            Path(ds_config).write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+        run_args = (global_batch, steps, warmup, repeats, ds_config)
+        mp.spawn(_worker, args=(2, _free_port(), run_args, out), nprocs=2)
         result: dict[str, float] = json.loads(Path(out).read_text())
     return result
 
@@ -111,6 +127,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--deepspeed", action="store_true", help="also time W=2 through DeepSpeed ZeRO-2")
     args = parser.parse_args()
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         os.environ.pop(k, None)
@@ -120,19 +137,21 @@ def main() -> None:
         f"contextual bandit: categorical_mlp({OBS}, {ARMS}, hidden={HIDDEN}), G={GROUP}; torch "
         f"{torch.__version__}; {os.cpu_count()} CPUs; 1 thread per process; gloo; load average {load}"
     )
+    zero_head = f" {'ZeRO-2':>8} {'vs W=2':>7}" if args.deepspeed else ""
     print(
         f"{'global B':>8} {'samples':>8} {'sps W=1':>8} {'sps W=2':>8} {'speedup':>8} "
-        f"{'efficiency':>10} {'no-sync':>8} {'sync cost':>9}"
+        f"{'efficiency':>10} {'no-sync':>8} {'sync cost':>9}{zero_head}"
     )
     for gb in args.global_batch:
         if gb % 2:
             raise SystemExit(f"--global-batch {gb} must be even to split over 2 processes")
-        sps = measure(gb, args.steps, args.warmup, args.repeats)
+        sps = measure(gb, args.steps, args.warmup, args.repeats, args.deepspeed)
         one, two, alone = sps["W=1"], sps["W=2"], sps["no-sync"]
         speedup = two / one
+        zero = f" {sps['ZeRO-2']:>8.1f} {sps['ZeRO-2'] / two:>7.2f}" if "ZeRO-2" in sps else ""
         print(
             f"{gb:>8} {gb * GROUP:>8} {one:>8.1f} {two:>8.1f} {speedup:>8.2f} {speedup / 2:>10.2f} "
-            f"{alone:>8.1f} {1 - two / alone:>9.0%}"
+            f"{alone:>8.1f} {1 - two / alone:>9.0%}{zero}"
         )
 
 
