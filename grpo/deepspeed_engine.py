@@ -48,7 +48,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["DeepSpeedBackend", "deepspeed_config_from", "prepare_deepspeed_config", "training_module"]
+__all__ = [
+    "DeepSpeedBackend",
+    "cpu_adam",
+    "deepspeed_config_from",
+    "offloads_optimizer",
+    "prepare_deepspeed_config",
+    "training_module",
+]
 
 _TRUE = ("1", "true", "yes")
 logger = logging.getLogger(__name__)
@@ -191,6 +198,36 @@ def prepare_deepspeed_config(
     return cfg
 
 
+def _import_deepspeed() -> Any:
+    try:
+        import deepspeed  # type: ignore[import-untyped,import-not-found,unused-ignore]
+        import deepspeed.ops.adam  # type: ignore[import-untyped,import-not-found,unused-ignore]
+    except ImportError as e:
+        raise ImportError(
+            "GRPOConfig.deepspeed asks for DeepSpeed, which is not installed. Install it with "
+            "pip install \"grpo[deepspeed]\", or set GRPOConfig(deepspeed='off')."
+        ) from e
+    return deepspeed
+
+
+def offloads_optimizer(config: Mapping[str, Any]) -> bool:
+    """True when ``config`` moves the optimizer to the CPU (or NVMe): ZeRO-Offload
+    (``zero_optimization.offload_optimizer.device`` other than ``"none"``)."""
+    zero = config.get("zero_optimization") or {}
+    offload = zero.get("offload_optimizer") if isinstance(zero, dict) else None
+    return isinstance(offload, dict) and offload.get("device", "none") not in ("none", None)
+
+
+def cpu_adam(params: Sequence[Tensor], lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """The trainer's default optimizer under ZeRO-Offload: DeepSpeed's ``DeepSpeedCPUAdam`` in
+    AdamW mode (decoupled weight decay, betas (0.9, 0.999), eps 1e-8, as ``torch.optim.AdamW``),
+    which steps the offloaded fp32 partitions on the CPU with vectorised C++ (JIT-built on first
+    use). DeepSpeed refuses a plain torch optimizer with offload."""
+    adam = _import_deepspeed().ops.adam.DeepSpeedCPUAdam
+    opt: torch.optim.Optimizer = adam(params, lr=lr, weight_decay=weight_decay, adamw_mode=True)
+    return opt
+
+
 def training_module(policy: Any) -> nn.Module:
     """The ``nn.Module`` that holds the policy's trainable parameters, handed to DeepSpeed.
 
@@ -255,13 +292,7 @@ class DeepSpeedBackend:
         world_size: int,
         device: torch.device,
     ) -> None:
-        try:
-            import deepspeed  # type: ignore[import-untyped,import-not-found,unused-ignore]
-        except ImportError as e:
-            raise ImportError(
-                "GRPOConfig.deepspeed asks for DeepSpeed, which is not installed. Install it with "
-                "pip install \"grpo[deepspeed]\", or set GRPOConfig(deepspeed='off')."
-            ) from e
+        deepspeed = _import_deepspeed()
         module = training_module(policy)
         trainable = {id(p) for p in module.parameters() if p.requires_grad}
         if trainable != {id(p) for p in params}:

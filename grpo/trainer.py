@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from grpo import checkpoint
 from grpo.advantage_estimator import AdvantageEstimator, AdvantageFn, group_stats
 from grpo.config import GRPOConfig
-from grpo.deepspeed_engine import DeepSpeedBackend, deepspeed_config_from
+from grpo.deepspeed_engine import DeepSpeedBackend, cpu_adam, deepspeed_config_from, offloads_optimizer
 from grpo.denormals import flush_denormals_on, restore_denormals
 from grpo.distributed import main_process_only, reseed_other_ranks, setup_distributed
 from grpo.experience_collector import (
@@ -176,7 +176,8 @@ class GRPOTrainer:
         self._check_param_devices()
         if self.distributed is not None:
             self.distributed.attach(self.params, self.policy)  # same layout; rank 0's weights
-        self.optimizer = self._make_optimizer(optimizer)
+        ds_config = deepspeed_config_from(config.deepspeed)  # None: no DeepSpeed
+        self.optimizer = self._make_optimizer(optimizer, ds_config)
 
         self.reference_policy: PolicyModel | None = None
         self._owns_reference = False
@@ -198,7 +199,6 @@ class GRPOTrainer:
         kl_in_reward = config.kl_penalty == "reward" and config.kl_coeff > 0
         needs_old_early = kl_in_reward or self.advantage_estimator.needs_mask  # before the update
         multi_step = config.optimizer_steps_per_step > 1 or needs_old_early
-        ds_config = deepspeed_config_from(config.deepspeed)
         # DeepSpeed reduces the gradients, so they cannot be divided by a loss normaliser learnt
         # after the backward passes: with several micro-batches per optimizer step the mask must
         # be known before them, from a forward at collection.
@@ -284,7 +284,9 @@ class GRPOTrainer:
                 f"tensor that get_parameters() returns, or set GRPOConfig(device=...) to match."
             )
 
-    def _make_optimizer(self, optimizer: torch.optim.Optimizer | None) -> torch.optim.Optimizer | None:
+    def _make_optimizer(
+        self, optimizer: torch.optim.Optimizer | None, ds_config: dict[str, Any] | None = None
+    ) -> torch.optim.Optimizer | None:
         if optimizer is not None:
             held = {id(p) for group in optimizer.param_groups for p in group["params"]}
             if self.params and not any(id(p) in held for p in self.params):
@@ -297,6 +299,8 @@ class GRPOTrainer:
             return optimizer
         if not self.params:
             return None
+        if ds_config is not None and offloads_optimizer(ds_config):  # ZeRO-Offload: Adam on the CPU
+            return cpu_adam(self.params, self.config.learning_rate, self.config.weight_decay)
         return default_optimizer(self.params, self.config.learning_rate, self.config.weight_decay)
 
     def _snapshot(self, policy: PolicyModel) -> PolicyModel:

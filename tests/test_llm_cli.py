@@ -121,6 +121,27 @@ def test_lora_writes_adapter_loadable_with_peft(setup: Path, tmp_path: Path) -> 
     assert 0 < logged["lr"] < 0.05  # --warmup-steps 2: still warming up after one step
 
 
+def test_lora_runs_with_the_same_seed_are_identical(setup: Path, tmp_path: Path) -> None:
+    """--seed fixes the adapter's random init too (LoRA A), whatever loading the model drew from
+    the global RNG before it: two runs give bitwise the same adapter."""
+    from safetensors.torch import load_file
+
+    finals = []
+    for run in ("a", "b"):
+        torch.manual_seed(len(run) * 1000 + ord(run))  # a different global RNG state before each run
+        args = [
+            "--model-name", str(setup / "model"), "--dataset", str(setup / "data.jsonl"),
+            "--prompt-column", "q", "--batch-size", "2", "--num-generations", "2", "--max-new-tokens", "2",
+            "--max-steps", "1", "--lora", "--lora-r", "2", "--seed", "5", "--output-dir", str(tmp_path / run),
+            "--device", "cpu", "--no-progress",
+        ]  # fmt: skip
+        assert main(args) == 0
+        finals.append(load_file(tmp_path / run / "final_model" / "adapter_model.safetensors"))
+    assert finals[0].keys() == finals[1].keys()
+    for k in finals[0]:
+        assert torch.equal(finals[0][k], finals[1][k]), k
+
+
 def test_cli_options_and_errors(setup: Path, tmp_path: Path) -> None:
     args = parse_args(["--model-name", "m", "--dataset", "d.jsonl", "--kl-coef", "0", "--temperature", "0.9"])
     assert (args.kl_coef, args.temperature, args.num_generations, args.output_dir) == (

@@ -279,6 +279,7 @@ def train(args: argparse.Namespace) -> dict[str, float]:
             target_modules=targets if targets == "all-linear" else [t for t in targets.split(",") if t],
             task_type="CAUSAL_LM",
         )
+        torch.manual_seed(args.seed)  # the adapter's random init (LoRA A) follows --seed
         model = peft.get_peft_model(model, lora_cfg)
     chat = {"auto": None, "yes": True, "no": False}[args.use_chat_template]
     policy = CausalLMPolicy(
