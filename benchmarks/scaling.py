@@ -95,8 +95,25 @@ def _worker(rank: int, world: int, port: int, args: tuple[int, int, int, int, st
             if r:
                 times["ZeRO-2"].append(dt)
     if rank == 0:
-        Path(out).write_text(json.dumps({k: steps / statistics.median(v) for k, v in times.items() if v}))
+        result = {k: steps / statistics.median(v) for k, v in times.items() if v}
+        if zero is not None:  # what ZeRO saves: this rank's Adam moments, bytes
+            result["moments own"] = _state_bytes(synced.optimizer)
+            result["moments ZeRO-2"] = _state_bytes(zero.optimizer)
+        Path(out).write_text(json.dumps(result))
     torch.distributed.destroy_process_group()
+
+
+def _state_bytes(optimizer: torch.optim.Optimizer | None) -> float:
+    """Bytes of the optimizer's state tensors on this rank (under ZeRO: of its partition)."""
+    assert optimizer is not None
+    return float(
+        sum(
+            t.numel() * t.element_size()
+            for state in optimizer.state.values()
+            for t in state.values()
+            if isinstance(t, torch.Tensor) and t.dim() > 0
+        )
+    )
 
 
 def _free_port() -> int:
@@ -148,7 +165,11 @@ def main() -> None:
         sps = measure(gb, args.steps, args.warmup, args.repeats, args.deepspeed)
         one, two, alone = sps["W=1"], sps["W=2"], sps["no-sync"]
         speedup = two / one
-        zero = f" {sps['ZeRO-2']:>8.1f} {sps['ZeRO-2'] / two:>7.2f}" if "ZeRO-2" in sps else ""
+        zero = ""
+        if "ZeRO-2" in sps:
+            own, part = sps["moments own"], sps["moments ZeRO-2"]
+            moments = f"Adam moments on rank 0: {own:.0f} B own sync, {part:.0f} B ZeRO-2"
+            zero = f" {sps['ZeRO-2']:>8.1f} {sps['ZeRO-2'] / two:>7.2f}   ({moments})"
         print(
             f"{gb:>8} {gb * GROUP:>8} {one:>8.1f} {two:>8.1f} {speedup:>8.2f} {speedup / 2:>10.2f} "
             f"{alone:>8.1f} {1 - two / alone:>9.0%}{zero}"
