@@ -905,6 +905,12 @@ class GRPOTrainer:
         reseed_other_ranks(self.config.seed, self.step_count)  # ranks > 0: their own RNG streams
         return loaded
 
+    @property
+    def deepspeed_stage(self) -> int | None:
+        """The DeepSpeed ZeRO stage (1 or 2) when DeepSpeed runs the backward pass and optimizer
+        step (``GRPOConfig.deepspeed``), else None."""
+        return None if self._deepspeed is None else self._deepspeed.stage
+
     def _refuse_under_deepspeed(self, what: str) -> None:
         if self._deepspeed is not None:
             raise NotImplementedError(

@@ -482,6 +482,13 @@ def train(
             f"GRPOConfig.checkpoint_freq={cfg.checkpoint_freq} but train() got no checkpoint_dir; "
             f"pass checkpoint_dir=... or set checkpoint_freq=None."
         )
+    if getattr(trainer, "deepspeed_stage", None) is not None and (checkpoint_dir or resume_from) is not None:
+        raise NotImplementedError(
+            f"train(checkpoint_dir=..., resume_from=...) needs GRPOTrainer checkpoints, which DeepSpeed "
+            f"ZeRO-{trainer.deepspeed_stage} does not support (the optimizer state is partitioned over "
+            f"the processes). Save the model with the policy's save_pretrained from a callback, or "
+            f"train with GRPOConfig(deepspeed='off')."
+        )
     callbacks, sinks = list(callbacks), list(sinks)
     _check_hooks(callbacks, sinks)
     if not is_main_process():  # under torchrun only rank 0 logs (metrics are already global)

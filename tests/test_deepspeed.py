@@ -101,9 +101,20 @@ def test_one_process_with_deepspeed_equals_one_without(tmp_path: Path) -> None:
     a, b = params(ref), params(tr)
     for k in a:
         assert (a[k] - b[k]).abs().max().item() <= 1e-6
+    assert tr.deepspeed_stage == 2
+    assert ref.deepspeed_stage is None
     with pytest.raises(NotImplementedError, match="partitioned over the processes"):
         tr.save_checkpoint(tmp_path / "ckpt")
     assert not (tmp_path / "ckpt").exists()
+    # train() refuses checkpointing before it takes a step
+    before = params(tr)
+    states = d["states"][0]
+    for kwargs in ({"checkpoint_dir": tmp_path / "ckpt"}, {"resume_from": tmp_path / "ckpt"}):
+        with pytest.raises(NotImplementedError, match="DeepSpeed ZeRO-2 does not support"):
+            tr.train([states] * 4, num_steps=2, progress=False, **kwargs)
+    after = params(tr)
+    for k in before:
+        assert torch.equal(before[k], after[k])
 
 
 # ---- configuration ------------------------------------------------------------------------------
