@@ -2,6 +2,8 @@
 
     python examples/distributed_bandit.py                                   # one process
     torchrun --standalone --nproc_per_node=2 examples/distributed_bandit.py # two processes
+    torchrun --standalone --nproc_per_node=2 examples/distributed_bandit.py \
+        --deepspeed examples/configs/deepspeed_zero2.json                   # + DeepSpeed ZeRO-2
 
 Nothing in the training loop knows how many processes run it: each process draws its own
 random contexts (the trainer seeds each rank with ``seed + rank``), the trainer reduces gradients
@@ -27,6 +29,9 @@ def main() -> None:
     parser.add_argument("--arms", type=int, default=4)
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--device", default="cpu", help="'cpu', 'cuda' (cuda:LOCAL_RANK), 'auto'")
+    parser.add_argument(
+        "--deepspeed", default="auto", help="a DeepSpeed JSON config (ZeRO-1/2), 'auto' or 'off'"
+    )
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -45,10 +50,15 @@ def main() -> None:
         kl_coeff=0.0,
         seed=0,
         device=args.device,
+        deepspeed=args.deepspeed,
     )
     trainer = GRPOTrainer(config, policy, reward)
     if is_main_process():
-        print(f"world_size={get_world_size()} global_batch={get_world_size() * args.batch_size} states")
+        zero = "off" if trainer.deepspeed_stage is None else f"ZeRO-{trainer.deepspeed_stage}"
+        print(
+            f"world_size={get_world_size()} global_batch={get_world_size() * args.batch_size} states "
+            f"deepspeed={zero}"
+        )
     for step in range(args.steps):
         states = torch.randn(args.batch_size, args.obs_dim, device=trainer.device)  # this rank's shard
         metrics = trainer.step(states)
