@@ -265,9 +265,10 @@ def test_grpo_train_under_accelerate_deepspeed_zero2(tmp_path: Path, extra: list
 
 def test_accelerate_launch_with_the_shipped_zero2_config(tmp_path: Path) -> None:
     """The documented command, for real: `accelerate launch --config_file
-    examples/configs/accelerate_zero2.yaml --num_processes 2 -m grpo.llm ...` from the repository
-    root, on 2 CPU processes. The trainer reports ZeRO-2 on 2 processes; rank 0 writes a final
-    model that loads with from_pretrained."""
+    examples/configs/accelerate_zero2.yaml --num_processes 2 --mixed_precision bf16 -m grpo.llm
+    ...` from the repository root, on 2 CPU processes. The trainer reports ZeRO-2 on 2 processes
+    with bf16 (the config's "auto" follows accelerate's mixed precision); rank 0 writes a final
+    model, in bf16 as DeepSpeed keeps it, that loads with from_pretrained."""
     pytest.importorskip("accelerate")
     pytest.importorskip("transformers")
     import subprocess
@@ -279,6 +280,7 @@ def test_accelerate_launch_with_the_shipped_zero2_config(tmp_path: Path) -> None
     cmd = [
         sys.executable, "-m", "accelerate.commands.launch",
         "--config_file", "examples/configs/accelerate_zero2.yaml", "--num_processes", "2",
+        "--mixed_precision", "bf16",
         "-m", "grpo.llm", "--model-name", str(tmp_path / "model"), "--dataset", str(tmp_path / "data.jsonl"),
         "--prompt-column", "q", "--batch-size", "2", "--num-generations", "2", "--max-new-tokens", "3",
         "--reward", "tests/llm_distributed_toys.py:char_score", "--output-dir", str(tmp_path / "run"),
@@ -288,7 +290,9 @@ def test_accelerate_launch_with_the_shipped_zero2_config(tmp_path: Path) -> None
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "DeepSpeed ZeRO-2 on 2 process(es)" in proc.stderr
-    AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final_model")
+    assert "bf16=True" in proc.stderr
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final_model", dtype="auto")
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
 
 
 def test_bandit_example_under_torchrun_learns_the_same_with_zero2() -> None:
