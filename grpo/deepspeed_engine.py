@@ -82,7 +82,12 @@ def deepspeed_config_from(spec: str) -> dict[str, Any] | None:
         offload = os.environ.get("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "none")
         if offload != "none":
             zero["offload_optimizer"] = {"device": offload}
-        cfg: dict[str, Any] = {"zero_optimization": zero}
+        # "auto": prepare_deepspeed_config maps them from ACCELERATE_MIXED_PRECISION
+        cfg: dict[str, Any] = {
+            "zero_optimization": zero,
+            "bf16": {"enabled": "auto"},
+            "fp16": {"enabled": "auto"},
+        }
         clip = os.environ.get("ACCELERATE_GRADIENT_CLIPPING")
         if clip:
             cfg["gradient_clipping"] = float(clip)

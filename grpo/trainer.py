@@ -263,6 +263,7 @@ class GRPOTrainer:
         self._warned_nothing_to_train = False
         # DeepSpeed ZeRO-1/2 (grpo.deepspeed_engine): backward and optimizer step through its engine
         self._deepspeed: DeepSpeedBackend | None = None
+        self._deepspeed_loss = math.nan  # global loss of the last optimizer step (for the failure message)
         if ds_config is not None and self.optimizer is not None:
             self._deepspeed = DeepSpeedBackend(
                 self.policy,

@@ -175,10 +175,17 @@ def test_config_source_follows_accelerate_launch(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "1")
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "cpu")
     monkeypatch.setenv("ACCELERATE_GRADIENT_CLIPPING", "0.5")
-    assert deepspeed_config_from("auto") == {
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    built = deepspeed_config_from("auto")
+    assert built == {
         "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}},
+        "bf16": {"enabled": "auto"},
+        "fp16": {"enabled": "auto"},
         "gradient_clipping": 0.5,
     }
+    prepared = prepare_deepspeed_config(built, max_grad_norm=0.5, world_size=2)
+    assert prepared["bf16"] == {"enabled": True, "check_grad_overflow": True}  # accelerate's bf16
+    assert prepared["fp16"] == {"enabled": False}
     f = tmp_path / "ds.json"
     f.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(f))
