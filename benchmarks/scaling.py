@@ -2,7 +2,7 @@
 
     python benchmarks/scaling.py                      # global batches 64 and 512 states, G = 8
     python benchmarks/scaling.py --global-batch 256 --steps 40 --repeats 9
-    python benchmarks/scaling.py --deepspeed          # also W=2 through DeepSpeed ZeRO-2
+    python benchmarks/scaling.py --deepspeed          # also W=2 through DeepSpeed ZeRO-2 and ZeRO-3
 
 Strong scaling: the global batch (states per step over all processes) is fixed; with W processes
 each steps on ``global_batch / W`` states. Every process uses one thread (``torch.set_num_threads
@@ -15,11 +15,14 @@ changes on a shared machine hit all three alike:
     W=2       both ranks, data-parallel, global_batch / 2 states each
     no-sync   both ranks on their halves with distributed="off" (no collectives at all)
     ZeRO-2    (with --deepspeed) W=2 with backward and optimizer step through DeepSpeed ZeRO-2
+    ZeRO-3    (with --deepspeed) the same with ZeRO-3, every weight partitioned (no persistent
+              small weights: each forward all-gathers, each backward reduce-scatters)
 
 Printed per global batch: the median steps/s of each, speedup = W=2 / W=1, efficiency =
 speedup / 2, and sync cost = 1 - W=2 / no-sync (the share of a step spent in collectives and
-waiting for the other rank); with --deepspeed, ZeRO-2 steps/s and its ratio to W=2 (the trainer's
-own gradient sync).
+waiting for the other rank); with --deepspeed, ZeRO-2 and ZeRO-3 steps/s and their ratios to W=2
+(the trainer's own gradient sync), and what they hold on rank 0: Adam moments (ZeRO-2) and
+weights (ZeRO-3) against the trainer's own sync.
 """
 
 from __future__ import annotations
@@ -39,14 +42,16 @@ import torch.multiprocessing as mp
 OBS, ARMS, HIDDEN, GROUP = 16, 8, (64, 64), 8
 
 
-def _worker(rank: int, world: int, port: int, args: tuple[int, int, int, int, str], out: str) -> None:
+def _worker(
+    rank: int, world: int, port: int, args: tuple[int, int, int, int, dict[str, str]], out: str
+) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world),
     )  # fmt: skip
     from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
 
-    global_batch, steps, warmup, repeats, ds_config = args
+    global_batch, steps, warmup, repeats, ds_configs = args
     torch.set_num_threads(1)
     torch.manual_seed(0)
     true_w = torch.randn(OBS, ARMS)
@@ -65,7 +70,7 @@ def _worker(rank: int, world: int, port: int, args: tuple[int, int, int, int, st
     synced = trainer(local, "auto")  # joins the process group (collective)
     alone = trainer(local, "off")
     single = trainer(global_batch, "off") if rank == 0 else None
-    zero = trainer(local, "auto", ds_config) if ds_config else None
+    zeros = {label: trainer(local, "auto", path) for label, path in ds_configs.items()}
 
     def window(t: GRPOTrainer, batch: int, n: int) -> float:
         t0 = time.perf_counter()
@@ -73,7 +78,7 @@ def _worker(rank: int, world: int, port: int, args: tuple[int, int, int, int, st
             t.step(torch.randn(batch, OBS))
         return time.perf_counter() - t0
 
-    times: dict[str, list[float]] = {"W=1": [], "W=2": [], "no-sync": [], "ZeRO-2": []}
+    times: dict[str, list[float]] = {"W=1": [], "W=2": [], "no-sync": [], **{k: [] for k in zeros}}
     for r in range(repeats + 1):
         n = warmup if r == 0 else steps
         torch.distributed.barrier()
@@ -89,16 +94,20 @@ def _worker(rank: int, world: int, port: int, args: tuple[int, int, int, int, st
         dt = window(alone, local, n)
         if r:
             times["no-sync"].append(dt)
-        if zero is not None:
+        for label, zero in zeros.items():
             torch.distributed.barrier()
             dt = window(zero, local, n)
             if r:
-                times["ZeRO-2"].append(dt)
+                times[label].append(dt)
     if rank == 0:
         result = {k: steps / statistics.median(v) for k, v in times.items() if v}
-        if zero is not None:  # what ZeRO saves: this rank's Adam moments, bytes
-            result["moments own"] = _state_bytes(synced.optimizer)
-            result["moments ZeRO-2"] = _state_bytes(zero.optimizer)
+        # what ZeRO saves on this rank, bytes: Adam moments (ZeRO-2), weights (ZeRO-3)
+        result["moments own"] = _state_bytes(synced.optimizer)
+        result["weights own"] = _weight_bytes(synced.params)
+        if "ZeRO-2" in zeros:
+            result["moments ZeRO-2"] = _state_bytes(zeros["ZeRO-2"].optimizer)
+        if "ZeRO-3" in zeros:
+            result["weights ZeRO-3"] = _weight_bytes(zeros["ZeRO-3"].params)
         Path(out).write_text(json.dumps(result))
     torch.distributed.destroy_process_group()
 
@@ -116,6 +125,12 @@ def _state_bytes(optimizer: torch.optim.Optimizer | None) -> float:
     )
 
 
+def _weight_bytes(params: list[torch.Tensor]) -> float:
+    """Bytes of the weights this rank holds between forwards (under ZeRO-3: its partitions,
+    ``ds_tensor``; the full tensors exist only while a module runs)."""
+    return float(sum(getattr(p, "ds_tensor", p).numel() * p.element_size() for p in params))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -128,11 +143,15 @@ def measure(
     """Median steps/s of each kind of window (see the module docstring)."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "sps.txt")
-        ds_config = ""
+        ds_configs: dict[str, str] = {}
         if deepspeed:
-            ds_config = os.path.join(d, "zero2.json")
-            Path(ds_config).write_text(json.dumps({"zero_optimization": {"stage": 2}}))
-        run_args = (global_batch, steps, warmup, repeats, ds_config)
+            for stage in (2, 3):
+                zero: dict[str, int] = {"stage": stage}
+                if stage == 3:
+                    zero["stage3_param_persistence_threshold"] = 0  # partition every weight
+                ds_configs[f"ZeRO-{stage}"] = path = os.path.join(d, f"zero{stage}.json")
+                Path(path).write_text(json.dumps({"zero_optimization": zero}))
+        run_args = (global_batch, steps, warmup, repeats, ds_configs)
         mp.spawn(_worker, args=(2, _free_port(), run_args, out), nprocs=2)
         result: dict[str, float] = json.loads(Path(out).read_text())
     return result
@@ -144,7 +163,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--deepspeed", action="store_true", help="also time W=2 through DeepSpeed ZeRO-2")
+    parser.add_argument(
+        "--deepspeed", action="store_true", help="also time W=2 through DeepSpeed ZeRO-2 and ZeRO-3"
+    )
     args = parser.parse_args()
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         os.environ.pop(k, None)
@@ -154,7 +175,7 @@ def main() -> None:
         f"contextual bandit: categorical_mlp({OBS}, {ARMS}, hidden={HIDDEN}), G={GROUP}; torch "
         f"{torch.__version__}; {os.cpu_count()} CPUs; 1 thread per process; gloo; load average {load}"
     )
-    zero_head = f" {'ZeRO-2':>8} {'vs W=2':>7}" if args.deepspeed else ""
+    zero_head = f" {'ZeRO-2':>8} {'vs W=2':>7} {'ZeRO-3':>8} {'vs W=2':>7}" if args.deepspeed else ""
     print(
         f"{'global B':>8} {'samples':>8} {'sps W=1':>8} {'sps W=2':>8} {'speedup':>8} "
         f"{'efficiency':>10} {'no-sync':>8} {'sync cost':>9}{zero_head}"
@@ -167,9 +188,13 @@ def main() -> None:
         speedup = two / one
         zero = ""
         if "ZeRO-2" in sps:
-            own, part = sps["moments own"], sps["moments ZeRO-2"]
-            moments = f"Adam moments on rank 0: {own:.0f} B own sync, {part:.0f} B ZeRO-2"
-            zero = f" {sps['ZeRO-2']:>8.1f} {sps['ZeRO-2'] / two:>7.2f}   ({moments})"
+            z2, z3 = sps["ZeRO-2"], sps["ZeRO-3"]
+            held = (
+                f"rank 0 holds: Adam moments {sps['moments own']:.0f} B own sync, "
+                f"{sps['moments ZeRO-2']:.0f} B ZeRO-2; weights {sps['weights own']:.0f} B own sync, "
+                f"{sps['weights ZeRO-3']:.0f} B ZeRO-3"
+            )
+            zero = f" {z2:>8.1f} {z2 / two:>7.2f} {z3:>8.1f} {z3 / two:>7.2f}   ({held})"
         print(
             f"{gb:>8} {gb * GROUP:>8} {one:>8.1f} {two:>8.1f} {speedup:>8.2f} {speedup / 2:>10.2f} "
             f"{alone:>8.1f} {1 - two / alone:>9.0%}{zero}"

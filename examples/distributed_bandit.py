@@ -4,6 +4,7 @@
     torchrun --standalone --nproc_per_node=2 examples/distributed_bandit.py # two processes
     torchrun --standalone --nproc_per_node=2 examples/distributed_bandit.py \
         --deepspeed examples/configs/deepspeed_zero2.json                   # + DeepSpeed ZeRO-2
+    (deepspeed_zero3.json: ZeRO-3, the weights partitioned too; the same curve)
 
 Nothing in the training loop knows how many processes run it: each process draws its own
 random contexts (the trainer seeds each rank with ``seed + rank``), the trainer reduces gradients
@@ -30,7 +31,7 @@ def main() -> None:
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--device", default="cpu", help="'cpu', 'cuda' (cuda:LOCAL_RANK), 'auto'")
     parser.add_argument(
-        "--deepspeed", default="auto", help="a DeepSpeed JSON config (ZeRO-1/2), 'auto' or 'off'"
+        "--deepspeed", default="auto", help="a DeepSpeed JSON config (ZeRO-1/2/3), 'auto' or 'off'"
     )
     args = parser.parse_args()
 

@@ -1,6 +1,6 @@
-"""DeepSpeed ZeRO-1/2 for `GRPOTrainer`: the backward pass and the optimizer step go through a
-DeepSpeed engine, which partitions the optimizer state (stage 1) and the gradients (stage 2)
-over the data-parallel processes.
+"""DeepSpeed ZeRO for `GRPOTrainer`: the backward pass and the optimizer step go through a
+DeepSpeed engine, which partitions the optimizer state (stage 1), the gradients (stage 2) and the
+weights (stage 3) over the data-parallel processes.
 
 Turned on by ``GRPOConfig(deepspeed=...)``: a path to a DeepSpeed JSON config, or ``"auto"`` (the
 default), which follows ``accelerate launch`` — when accelerate was configured for DeepSpeed it
@@ -16,32 +16,43 @@ The update is the same as without DeepSpeed (tested against one process on the g
   ``sum_r grad(loss_r)``, the gradient of the single-process loss;
 * micro-batches accumulate locally: the trainer marks the last micro-batch of each optimizer step
   as DeepSpeed's accumulation boundary (``engine.set_gradient_accumulation_boundary``) and calls
-  ``engine.step()`` once per optimizer step; DeepSpeed's own ``gradient_accumulation_steps`` is 1;
+  ``engine.step()`` once per optimizer step; DeepSpeed's own ``gradient_accumulation_steps`` is 1.
+  The trainer runs the module's forward itself (not ``engine.forward``), so before each backward
+  it does what ``engine.forward`` would first: ``optimizer.clear_backward_seen_flag()`` (ZeRO-3
+  counts micro-batches there, to add rather than overwrite gradient partitions);
 * clipping is DeepSpeed's ``gradient_clipping``, set from ``GRPOConfig.max_grad_norm``;
 * a non-finite step is skipped by DeepSpeed's overflow check (a non-finite gradient norm discards
   the step and clears the gradients, on every rank since the norm is global). A non-finite loss
   with finite gradients (a NaN in a masked-out term) is made visible to that check by scaling the
   boundary micro-batch's loss by NaN, so the step is skipped as without DeepSpeed. With bf16 the
-  check is switched on (``bf16.check_grad_overflow``) unless the config says otherwise.
+  check is switched on (``bf16.check_grad_overflow``) unless the config says otherwise; stage 3
+  skips a step whose global gradient norm is not finite in any precision.
 
-Limits: ZeRO stage 3 (partitioned parameters) is not supported yet — the LLM policy's chunked
-log-prob head reads the head weight directly, and DeepSpeed's stage 3 does not skip non-finite
-steps outside fp16. Stage 0 is plain data parallelism, which the trainer does itself (no
-DeepSpeed needed). The optimizer and LR schedule are the trainer's (``GRPOConfig.learning_rate``,
-``lr_schedule``, or ``optimizer=``); a config with ``"optimizer"`` or ``"scheduler"`` sections is
-refused. When a later optimizer step of a multi-step update (several epochs or mini-batches) is
-skipped, the earlier steps of that update stand (the rollback of the whole update needs the
-partitioned optimizer state). ``GRPOTrainer.save_checkpoint`` is refused (the optimizer state is
+ZeRO-3 (weights partitioned; a module's full weights are gathered only while it runs): every
+forward all-gathers, so all ranks must run the same forwards (`GRPOTrainer` checks that they got
+the same number of states). `is_partitioned` tells whether a module is partitioned;
+`DeepSpeedBackend.gathered` (`GRPOTrainer.gathered_weights`) gives the full weights for reading;
+`gathered_state_dict` gives the full state dict for saving (`grpo.llm.CausalLMPolicy.
+save_pretrained` uses it). The frozen KL reference copy is made before partitioning and stays
+whole.
+
+Limits: stage 0 is plain data parallelism, which the trainer does itself (no DeepSpeed needed).
+The optimizer and LR schedule are the trainer's (``GRPOConfig.learning_rate``, ``lr_schedule``,
+or ``optimizer=``); a config with ``"optimizer"`` or ``"scheduler"`` sections is refused. When a
+later optimizer step of a multi-step update (several epochs or mini-batches) is skipped, the
+earlier steps of that update stand (the rollback of the whole update needs the partitioned
+optimizer state). ``GRPOTrainer.save_checkpoint`` is refused (the optimizer state is
 partitioned); save the model with the policy's own ``save_pretrained``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +63,8 @@ __all__ = [
     "DeepSpeedBackend",
     "cpu_adam",
     "deepspeed_config_from",
+    "gathered_state_dict",
+    "is_partitioned",
     "offloads_optimizer",
     "prepare_deepspeed_config",
     "training_module",
@@ -123,7 +136,7 @@ def prepare_deepspeed_config(
 ) -> dict[str, Any]:
     """``raw`` with the trainer's settings filled in and checked (a new dict; ``raw`` is unchanged).
 
-    * ``zero_optimization.stage`` must be 1 or 2 (see the module docstring for 0 and 3);
+    * ``zero_optimization.stage`` must be 1, 2 or 3 (see the module docstring for 0);
     * ``gradient_clipping``: ``"auto"`` or absent -> ``max_grad_norm`` (0 = off when None); a number
       must equal it;
     * ``gradient_accumulation_steps``: ``"auto"``, absent or 1 (the trainer accumulates
@@ -147,17 +160,10 @@ def prepare_deepspeed_config(
     if not isinstance(zero, dict):
         raise ValueError(f"the DeepSpeed config's zero_optimization must be an object, got {zero!r}.")
     stage = zero.get("stage", 0)
-    if stage == 3:
-        raise NotImplementedError(
-            "DeepSpeed ZeRO stage 3 (partitioned parameters) is not supported by GRPOTrainer yet: "
-            "the LLM policy's chunked log-prob head reads the LM-head weight directly, and stage 3 "
-            "does not skip non-finite steps outside fp16. Use stage 2 (optimizer states and "
-            "gradients partitioned, e.g. examples/configs/deepspeed_zero2.json)."
-        )
-    if stage not in (1, 2):
+    if stage not in (1, 2, 3):
         raise ValueError(
             f"the DeepSpeed config asks for zero_optimization.stage={stage!r}; GRPOTrainer supports "
-            f"stages 1 and 2. For plain data parallelism (stage 0) leave DeepSpeed out "
+            f"stages 1, 2 and 3. For plain data parallelism (stage 0) leave DeepSpeed out "
             f"(GRPOConfig(deepspeed='off')): the trainer reduces gradients itself under torchrun or "
             f"accelerate launch."
         )
@@ -250,6 +256,42 @@ def training_module(policy: Any) -> nn.Module:
     return module
 
 
+def is_partitioned(module: nn.Module) -> bool:
+    """True when ``module``'s parameters are partitioned over the processes by DeepSpeed ZeRO-3
+    (each holds a shard; the full tensor exists only while its module runs). Does not import
+    DeepSpeed: ZeRO-3 parameters carry a ``ds_id``."""
+    return any(hasattr(p, "ds_id") for p in module.parameters())
+
+
+def gathered_state_dict(module: nn.Module) -> dict[str, Tensor] | None:
+    """The full ``state_dict()`` of a ZeRO-3 ``module``, on CPU, on rank 0; None on the other ranks.
+
+    Every process must call it: each submodule's parameters are all-gathered in turn (at most one
+    submodule's full weights at a time besides the result). Tied parameters stay one tensor under
+    all their names, as ``save_pretrained`` expects. Buffers are not partitioned and are copied.
+    """
+    deepspeed = _import_deepspeed()
+    rank0 = torch.distributed.get_rank() == 0
+    gathered: dict[int, Tensor] = {}  # id(parameter) -> full CPU copy (rank 0; tied weights share it)
+    seen: set[int] = set()
+    names: dict[str, int] = {}
+    for prefix, sub in module.named_modules():
+        own = list(sub.named_parameters(recurse=False))
+        todo = [p for _, p in own if id(p) not in seen]
+        for name, p in own:
+            names[f"{prefix}.{name}" if prefix else name] = id(p)
+        if not todo:
+            continue
+        seen.update(id(p) for p in todo)
+        with deepspeed.zero.GatheredParameters(todo, modifier_rank=None):
+            if rank0:
+                gathered.update((id(p), p.detach().to("cpu", copy=True)) for p in todo)
+    state = module.state_dict()  # on every rank, in case a hook of DeepSpeed's synchronises
+    if not rank0:
+        return None
+    return {key: gathered[names[key]] if key in names else v.detach().cpu() for key, v in state.items()}
+
+
 def _join_process_group(world_size: int, device: torch.device) -> None:
     """DeepSpeed needs a process group: with one process and none initialised, make a 1-process one
     (an in-memory store: no port; ``LOCAL_RANK`` defaults to 0 as DeepSpeed requires it); refuse a
@@ -331,6 +373,11 @@ class DeepSpeedBackend:
         ``poison``: the step's global loss is not finite; make the gradients non-finite too, so
         DeepSpeed's overflow check skips the step.
         """
+        # What engine.forward does first (the trainer calls the module itself): a new micro-batch,
+        # so ZeRO-3 accumulates into the gradient partitions instead of overwriting them.
+        clear = getattr(self.engine.optimizer, "clear_backward_seen_flag", None)
+        if callable(clear):
+            clear()
         self.engine.set_gradient_accumulation_boundary(boundary)
         scaled = loss * self.world_size  # DeepSpeed averages over ranks; the losses are shares of a sum
         if poison:
@@ -344,6 +391,18 @@ class DeepSpeedBackend:
         norm = self.engine.get_global_grad_norm()
         value = math.nan if norm is None else float(norm)
         return value, bool(self.engine.was_step_applied())
+
+    @contextlib.contextmanager
+    def gathered(self) -> Iterator[None]:
+        """Within the block the module's parameters hold their full values on every rank (ZeRO-3
+        partitions them between forwards); a no-op for stages 1 and 2. Every rank must enter it
+        (it all-gathers). Read-only: changes made inside are discarded."""
+        if self.stage != 3:
+            yield
+            return
+        params = list(self.engine.module.parameters())
+        with _import_deepspeed().zero.GatheredParameters(params, modifier_rank=None):
+            yield
 
     def zero_grad(self) -> None:
         """Clear the module's gradients (DeepSpeed clears its own buffers after each step)."""

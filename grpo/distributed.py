@@ -401,6 +401,18 @@ class DistributedSync:
                 f"states on every rank, e.g. with grpo.distributed.shard(states)."
             )
 
+    def check_same_number_of_states(self, num_states: int, why: str) -> None:
+        """Raise `ValueError` on every rank unless all ranks got ``num_states`` states (one
+        all-gather). ``why`` says what makes the counts matter (it ends the message's clause)."""
+        mine = torch.tensor([float(num_states)], dtype=torch.float64, device=self.device)
+        every = [int(x) for x in self._all_gather(mine).cpu().flatten().tolist()]
+        if len(set(every)) > 1:
+            raise ValueError(
+                f"the processes got different numbers of states this step (per rank: {every}), "
+                f"but {why}. Pass the same number of states on every rank, e.g. with "
+                f"grpo.distributed.shard(states) on a global batch divisible by the world size."
+            )
+
     # ---- metrics ------------------------------------------------------------------------------
     def reduce_metrics(
         self, metrics: Mapping[str, float], *, samples: int, groups: int, valid_steps: float

@@ -19,6 +19,7 @@ The trainer has no math of its own: the advantage and the loss are pure function
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -38,7 +39,13 @@ from torch import Tensor, nn
 from grpo import checkpoint
 from grpo.advantage_estimator import AdvantageEstimator, AdvantageFn, group_stats
 from grpo.config import GRPOConfig
-from grpo.deepspeed_engine import DeepSpeedBackend, cpu_adam, deepspeed_config_from, offloads_optimizer
+from grpo.deepspeed_engine import (
+    DeepSpeedBackend,
+    cpu_adam,
+    deepspeed_config_from,
+    offloads_optimizer,
+    training_module,
+)
 from grpo.denormals import flush_denormals_on, restore_denormals
 from grpo.distributed import main_process_only, reseed_other_ranks, setup_distributed
 from grpo.experience_collector import (
@@ -261,7 +268,7 @@ class GRPOTrainer:
         self.step_count = 0
         self.non_finite_steps = 0
         self._warned_nothing_to_train = False
-        # DeepSpeed ZeRO-1/2 (grpo.deepspeed_engine): backward and optimizer step through its engine
+        # DeepSpeed ZeRO-1/2/3 (grpo.deepspeed_engine): backward and optimizer step through its engine
         self._deepspeed: DeepSpeedBackend | None = None
         self._deepspeed_loss = math.nan  # global loss of the last optimizer step (for the failure message)
         if ds_config is not None and self.optimizer is not None:
@@ -322,6 +329,13 @@ class GRPOTrainer:
         """Copy the current policy's weights into the reference policy."""
         if self.reference_policy is None:
             return
+        if self._deepspeed is not None and self._deepspeed.stage == 3:
+            # partitioned weights: gathered (every rank takes part), copied into the reference's
+            # module, which is not partitioned (it was copied before DeepSpeed started)
+            target = training_module(self.reference_policy)
+            with self._deepspeed.gathered():
+                target.load_state_dict(self._deepspeed.engine.module.state_dict())
+            return
         if isinstance(self.reference_policy, nn.Module) and isinstance(self.policy, nn.Module):
             self.reference_policy.load_state_dict(self.policy.state_dict())
         else:
@@ -347,6 +361,7 @@ class GRPOTrainer:
 
     def _step(self, states: Any, generate_kwargs: dict[str, Any]) -> dict[str, float]:
         t0 = time.perf_counter()
+        self._check_lockstep(states)
         batch = self.collector.collect_for_update(
             states, generate_kwargs, defer_old_up_to=self._defer_old_up_to
         )
@@ -374,6 +389,19 @@ class GRPOTrainer:
                 valid_steps=float(self._valid_steps) if update is not None else 0.0,
             )
         return metrics
+
+    def _check_lockstep(self, states: Any) -> None:
+        """ZeRO-3 on several processes: every forward all-gathers weights, so all ranks must run
+        the same forwards; refuse different numbers of states before any of them (a clear error
+        on every rank instead of a hang)."""
+        if self.distributed is None or self.deepspeed_stage != 3:
+            return
+        try:
+            n = len(states)
+        except TypeError:
+            return  # not sized: check_policy's own error follows in collection
+        why = "DeepSpeed ZeRO-3 gathers the weights in every forward, so all ranks must run the same forwards"
+        self.distributed.check_same_number_of_states(n, why)
 
     def collect(self, states: Any, **generate_kwargs: Any) -> ExperienceBatch:
         """Rollout only: G actions per state, rewards, and the log-probs the update needs."""
@@ -908,9 +936,18 @@ class GRPOTrainer:
 
     @property
     def deepspeed_stage(self) -> int | None:
-        """The DeepSpeed ZeRO stage (1 or 2) when DeepSpeed runs the backward pass and optimizer
+        """The DeepSpeed ZeRO stage (1, 2 or 3) when DeepSpeed runs the backward pass and optimizer
         step (``GRPOConfig.deepspeed``), else None."""
         return None if self._deepspeed is None else self._deepspeed.stage
+
+    def gathered_weights(self) -> contextlib.AbstractContextManager[None]:
+        """A context manager within which the policy's weights hold their full values on every
+        rank: under DeepSpeed ZeRO-3 each rank otherwise keeps only its partition (every rank
+        must enter it: it all-gathers). A no-op otherwise. For reading (comparing, exporting);
+        changes made inside are discarded."""
+        if self._deepspeed is None:
+            return contextlib.nullcontext()
+        return self._deepspeed.gathered()
 
     def _refuse_under_deepspeed(self, what: str) -> None:
         if self._deepspeed is not None:

@@ -266,6 +266,7 @@ def evaluate(
         **generate_kwargs: passed to ``policy.generate_actions``.
     """
     t0 = time.perf_counter()
+    trainer._check_lockstep(states)  # ZeRO-3: all ranks must run the same forwards
     cfg = trainer.config
     collector = ExperienceCollector(
         trainer.policy,

@@ -38,7 +38,8 @@ def cli_worker(rank: int, world: int, out: Path) -> None:
 
 def deepspeed_cli_worker(rank: int, world: int, out: Path) -> None:
     """`cli_worker` with the variables ``accelerate launch`` exports for a DeepSpeed config
-    (``out/accelerate_env.json``); records the ZeRO stage the trainer ran with."""
+    (``out/accelerate_env.json``); records the ZeRO stage the trainer ran with and whether the
+    policy's weights ended up partitioned (ZeRO-3)."""
     import grpo.llm.cli as cli
 
     os.environ.update(json.loads((out / "accelerate_env.json").read_text()))
@@ -55,5 +56,39 @@ def deepspeed_cli_worker(rank: int, world: int, out: Path) -> None:
         cli_worker(rank, world, out)
     finally:
         cli.GRPOTrainer = original  # type: ignore[misc]
-    ds = built[0]._deepspeed
-    (out / f"stage-rank{rank}.json").write_text(json.dumps(None if ds is None else ds.stage))
+    trainer = built[0]
+    ran = {"stage": trainer.deepspeed_stage, "partitioned": trainer.policy.is_partitioned}
+    (out / f"stage-rank{rank}.json").write_text(json.dumps(ran))
+
+
+def zero3_policy_worker(rank: int, world: int, out: Path) -> None:
+    """`GRPOTrainer` + `CausalLMPolicy` under ZeRO-3 (the config in ``out/zero3.json``) with
+    ``max_new_tokens`` 2 on rank 0 and 6 on rank 1, as when one rank's completions all stop early:
+    generation must keep the ranks in step. Then ``save_pretrained`` on every rank; rank 0 also
+    writes the gathered weights (``gathered.pt``) for comparison. Writes ``zero3-rank{r}.json``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo import GRPOConfig, GRPOTrainer
+    from grpo.llm import CausalLMPolicy, RewardFunctions
+
+    model = AutoModelForCausalLM.from_pretrained(out / "model", dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(out / "model")
+    policy = CausalLMPolicy(model, tok, max_new_tokens=6, logprob_chunk_size=3)
+    reward = RewardFunctions({"score": char_score})
+    config = GRPOConfig(
+        group_size=2, batch_size=2, seed=0, learning_rate=0.01, deepspeed=str(out / "zero3.json")
+    )
+    trainer = GRPOTrainer(config, policy, reward)
+    lengths = []
+    for step in range(2):
+        prompts = [f"{rank}{step}+{i}=" for i in range(2)]
+        trainer.step(prompts, max_new_tokens=2 if rank == 0 else 6)
+        lengths.append(policy.last_generation["completion_tokens"])
+    policy.save_pretrained(str(out / "saved"))
+    with trainer.gathered_weights():
+        full = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if rank == 0:
+        torch.save(full, out / "gathered.pt")
+    result = {"partitioned": policy.is_partitioned, "completion_tokens": lengths}
+    (out / f"zero3-rank{rank}.json").write_text(json.dumps(result))

@@ -19,7 +19,6 @@ Writes ``<output-dir>/checkpoint-{step}/`` every ``--save-steps`` steps and
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib
 import importlib.util
 import json
@@ -256,10 +255,25 @@ def build_rewards(args: argparse.Namespace) -> RewardFunctions:
 def _save(
     policy: CausalLMPolicy, directory: Path, step: int, args: argparse.Namespace, metrics: dict[str, float]
 ) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    policy.save_pretrained(str(directory))
-    state = {"step": step, "args": vars(args), "metrics": metrics}
-    (directory / "trainer_state.json").write_text(json.dumps(state, indent=2, default=str), encoding="utf-8")
+    """Rank 0 writes the model and ``trainer_state.json``; every rank calls this and returns when
+    the files are complete. Under ZeRO-3 every rank takes part in gathering the weights."""
+
+    def write_state() -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {"step": step, "args": vars(args), "metrics": metrics}
+        text = json.dumps(state, indent=2, default=str)
+        (directory / "trainer_state.json").write_text(text, encoding="utf-8")
+
+    def write_all() -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        policy.save_pretrained(str(directory))
+        write_state()
+
+    if policy.is_partitioned:
+        policy.save_pretrained(str(directory))  # collective gather; rank 0 writes
+        main_process_only(write_state, None)
+    else:
+        main_process_only(write_all, None)
 
 
 def train(args: argparse.Namespace) -> dict[str, float]:
@@ -384,15 +398,10 @@ def train(args: argparse.Namespace) -> dict[str, float]:
                 if run is not None:
                     run.log(metrics, step=step)
             if args.save_steps and step % args.save_steps == 0:
-                main_process_only(
-                    functools.partial(_save, policy, out_dir / f"checkpoint-{step}", step, args, metrics),
-                    None,
-                )
+                _save(policy, out_dir / f"checkpoint-{step}", step, args, metrics)
     if bar is not None:
         bar.close()
-    main_process_only(
-        functools.partial(_save, policy, out_dir / "final_model", trainer.step_count, args, metrics), None
-    )
+    _save(policy, out_dir / "final_model", trainer.step_count, args, metrics)
     logger.info(
         "done: %d steps in %.1f s; final model in %s",
         trainer.step_count,

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
+from grpo.deepspeed_engine import gathered_state_dict, is_partitioned
 from grpo.llm._deps import require
 from grpo.llm.data import is_chat, prompt_text
 from grpo.llm.logprobs import chunked_token_logprobs
@@ -290,6 +291,9 @@ class CausalLMPolicy:
             use_cache=True,
         )
         device = self.device
+        # ZeRO-3 on several processes: every forward all-gathers weights, so every rank keeps
+        # stepping until all ranks' sequences are done (rows that finished only get padding).
+        synced = self.is_partitioned and _world_size() > 1
         chunk = self.generation_batch_size or len(rows)
         out: list[Completion] = []
         t0 = time.perf_counter()
@@ -301,7 +305,10 @@ class CausalLMPolicy:
             width = ids.shape[1]
             with torch.no_grad(), self._autocast():
                 seqs = self.model.generate(
-                    input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_cfg
+                    input_ids=ids.to(device),
+                    attention_mask=attn.to(device),
+                    generation_config=gen_cfg,
+                    synced_gpus=synced,
                 )
             comp = seqs[:, width:].cpu()  # (n, T') completion ids, padded after the first EOS
             is_eos = torch.isin(comp, eos)
@@ -386,17 +393,24 @@ class CausalLMPolicy:
                 ).last_hidden_state[:, p - 1 :]  # (N, T, H)
                 head = self._head()
                 cfg = getattr(self._causal_lm(), "config", None)
-                logp, entropy = chunked_token_logprobs(
-                    hidden,
-                    head.weight,
-                    targets,
-                    bias=head.bias,
-                    temperature=temperature,
-                    chunk_size=self.logprob_chunk_size,
-                    with_entropy=bool(with_entropy),
-                    logit_scale=float(getattr(cfg, "logit_scale", None) or 1.0),
-                    softcap=getattr(cfg, "final_logit_softcapping", None),
-                )
+
+                def score(h: Tensor) -> tuple[Tensor, Tensor | None]:
+                    return chunked_token_logprobs(
+                        h,
+                        head.weight,
+                        targets,
+                        bias=head.bias,
+                        temperature=temperature,
+                        chunk_size=self.logprob_chunk_size,
+                        with_entropy=bool(with_entropy),
+                        logit_scale=float(getattr(cfg, "logit_scale", None) or 1.0),
+                        softcap=getattr(cfg, "final_logit_softcapping", None),
+                    )
+
+                if is_partitioned(head):
+                    logp, entropy = _run_as_forward(head, score, hidden)
+                else:
+                    logp, entropy = score(hidden)
                 if entropy is not None and with_entropy == "no_grad":
                     entropy = entropy.detach()  # no gradient reaches its backward terms
         zero = torch.zeros((), device=device)
@@ -428,9 +442,27 @@ class CausalLMPolicy:
         return head
 
     # ---- saving ------------------------------------------------------------------------------
+    @property
+    def is_partitioned(self) -> bool:
+        """True when DeepSpeed ZeRO-3 partitions the model's weights over the processes (set up by
+        `GRPOTrainer` with a stage-3 config): generation then keeps the processes in step, and
+        `save_pretrained` must be called on every process."""
+        return is_partitioned(self.model)
+
     def save_pretrained(self, directory: str) -> None:
-        """Write the model (LoRA: the adapter) and tokenizer in safetensors / HF format."""
-        self.model.save_pretrained(directory, safe_serialization=True)
+        """Write the model (LoRA: the adapter) and tokenizer in safetensors / HF format.
+
+        Under DeepSpeed ZeRO-3 (`is_partitioned`) every process must call it: the weights are
+        gathered one module at a time (`grpo.deepspeed_engine.gathered_state_dict`) and rank 0
+        writes them; the other ranks write nothing.
+        """
+        if self.is_partitioned:
+            state = gathered_state_dict(self.model)
+            if state is None:
+                return
+            self.model.save_pretrained(directory, state_dict=state, safe_serialization=True)
+        else:
+            self.model.save_pretrained(directory, safe_serialization=True)
         self.tokenizer.save_pretrained(directory)
 
 
@@ -486,3 +518,26 @@ class DisabledAdapterReference:
 
     def to(self, device: Any) -> DisabledAdapterReference:
         return self
+
+
+def _world_size() -> int:
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _run_as_forward(
+    module: nn.Module, fn: Callable[[Tensor], tuple[Tensor, Tensor | None]], x: Tensor
+) -> tuple[Tensor, Tensor | None]:
+    """``fn(x)`` run as ``module``'s forward, so that the hooks DeepSpeed ZeRO-3 puts on the
+    module gather its partitioned weight for the call (and again for its backward) and release it
+    afterwards: one gather per call, however many chunks ``fn`` makes."""
+
+    def forward(h: Tensor) -> tuple[Tensor, Tensor | None]:
+        return fn(h)
+
+    module.forward = forward
+    try:
+        out: tuple[Tensor, Tensor | None] = module(x)
+    finally:
+        del module.forward
+    return out
