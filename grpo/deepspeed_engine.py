@@ -66,6 +66,7 @@ __all__ = [
     "gathered_state_dict",
     "is_partitioned",
     "offloads_optimizer",
+    "policy_is_partitioned",
     "prepare_deepspeed_config",
     "training_module",
 ]
@@ -261,6 +262,15 @@ def is_partitioned(module: nn.Module) -> bool:
     (each holds a shard; the full tensor exists only while its module runs). Does not import
     DeepSpeed: ZeRO-3 parameters carry a ``ds_id``."""
     return any(hasattr(p, "ds_id") for p in module.parameters())
+
+
+def policy_is_partitioned(policy: Any) -> bool:
+    """`is_partitioned` for a policy's module (`training_module`); False when it has none."""
+    try:
+        module = training_module(policy)
+    except TypeError:
+        return False
+    return is_partitioned(module)
 
 
 def gathered_state_dict(module: nn.Module) -> dict[str, Tensor] | None:

@@ -44,6 +44,7 @@ from grpo.deepspeed_engine import (
     cpu_adam,
     deepspeed_config_from,
     offloads_optimizer,
+    policy_is_partitioned,
     training_module,
 )
 from grpo.denormals import flush_denormals_on, restore_denormals
@@ -312,6 +313,13 @@ class GRPOTrainer:
         return default_optimizer(self.params, self.config.learning_rate, self.config.weight_decay)
 
     def _snapshot(self, policy: PolicyModel) -> PolicyModel:
+        if policy_is_partitioned(policy):
+            raise ValueError(
+                f"the weights of {type(policy).__name__} are already partitioned by DeepSpeed "
+                f"ZeRO-3 (a trainer built on this policy earlier partitioned them), so they cannot "
+                f"be copied for the frozen KL reference. Build a fresh policy for this trainer, "
+                f"pass reference_policy=..., or set GRPOConfig(kl_coeff=0)."
+            )
         try:
             ref = copy.deepcopy(policy)
         except Exception as e:  # deepcopy of arbitrary user objects can fail in many ways

@@ -153,6 +153,53 @@ def test_one_process_with_deepspeed_equals_one_without(tmp_path: Path, stage: in
         assert torch.equal(before[k], after[k])
 
 
+@pytest.mark.usefixtures("own_process_group")
+def test_a_policy_partitioned_by_an_earlier_trainer_cannot_be_copied_for_the_reference(
+    tmp_path: Path,
+) -> None:
+    """A second trainer on a policy that a ZeRO-3 trainer already partitioned (e.g. rebuilt in a
+    notebook) trains without a KL term, and with one refuses clearly instead of copying empty
+    partitions into the reference."""
+    from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+
+    cfg = tmp_path / "zero3.json"
+    cfg.write_text(json.dumps(ZERO_CONFIGS["zero3"]))
+    policy = categorical_mlp(4, 3, (8,))
+
+    def reward(states: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        return (actions == 0).float()
+
+    def trainer(kl: float) -> GRPOTrainer:
+        config = GRPOConfig(group_size=4, batch_size=2, deepspeed=str(cfg), kl_coeff=kl)
+        return GRPOTrainer(config, policy, reward)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer(0.1).step(torch.randn(2, 4))
+        assert math_finite(trainer(0.0).step(torch.randn(2, 4))["loss/total"])
+        with pytest.raises(ValueError, match="already partitioned by DeepSpeed ZeRO-3"):
+            trainer(0.1)
+
+
+def test_the_head_run_as_forward_leaves_the_modules_own_forward_in_place() -> None:
+    """The ZeRO-3 head call replaces the module's forward for one call only, restoring an
+    instance-level forward another library installed (accelerate's hooks do that)."""
+    from grpo.llm.policy import _run_as_forward
+
+    def double(h: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return h * 2, None
+
+    plain = torch.nn.Linear(2, 2)
+    out, _ = _run_as_forward(plain, double, torch.ones(1, 2))
+    assert out.tolist() == [[2.0, 2.0]]
+    assert "forward" not in plain.__dict__
+    hooked = torch.nn.Linear(2, 2)
+    own = hooked.forward
+    hooked.forward = own  # an instance attribute, as accelerate's add_hook_to_module sets
+    _run_as_forward(hooked, double, torch.ones(1, 2))
+    assert hooked.__dict__["forward"] is own
+
+
 # ---- configuration ------------------------------------------------------------------------------
 def test_prepare_fills_the_trainers_settings_and_leaves_the_input_alone() -> None:
     shipped = json.loads((ROOT / "examples/configs/deepspeed_zero2.json").read_text())

@@ -535,9 +535,13 @@ def _run_as_forward(
     def forward(h: Tensor) -> tuple[Tensor, Tensor | None]:
         return fn(h)
 
+    own = module.__dict__.get("forward")  # an instance-level forward (another library's hook)
     module.forward = forward
     try:
         out: tuple[Tensor, Tensor | None] = module(x)
     finally:
-        del module.forward
+        if own is None:
+            del module.forward
+        else:
+            module.forward = own
     return out
