@@ -304,13 +304,18 @@ def tiny_model_and_prompts(directory: Path, n: int, arch: str = "llama") -> None
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-@pytest.mark.parametrize("extra", [[], ["--lora", "--gradient-checkpointing"]], ids=["full", "lora"])
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["--lora", "--gradient-checkpointing", "--gradient-accumulation-steps", "2"]],
+    ids=["full", "lora"],
+)
 def test_grpo_train_under_accelerate_deepspeed(tmp_path: Path, extra: list[str], stage: int) -> None:
     """Two processes with the variables `accelerate launch --config_file
-    examples/configs/accelerate_zero2.yaml` exports: the trainer runs ZeRO-2 on every rank, rank 0
-    writes checkpoints, and the trained weights equal a run without DeepSpeed (same seed, same
-    prompts). Full fine-tuning with a KL term (a frozen reference copy; --kl-coef defaults to
-    0.04), and LoRA (reference = adapter disabled) with gradient checkpointing."""
+    examples/configs/accelerate_zero{2,3}.yaml` exports: the trainer runs that ZeRO stage on every
+    rank (ZeRO-3: every weight partitioned, a Qwen2-style model with a tied LM head), rank 0 writes
+    checkpoints, and the trained weights equal a run without DeepSpeed (same seed, same prompts). Full fine-tuning with a KL term (a frozen reference copy; --kl-coef defaults to
+    0.04), and LoRA (reference = adapter disabled) with gradient checkpointing and 2 micro-batches
+    per optimizer step."""
     pytest.importorskip("transformers")
     from safetensors.torch import load_file
 
@@ -429,6 +434,7 @@ def test_accelerate_launch_with_the_shipped_config(tmp_path: Path, stage: int) -
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert f"DeepSpeed ZeRO-{stage} on 2 process(es)" in proc.stderr
+    assert proc.stderr.count("grpo.llm: done: ") == 1  # rank 0 alone logs
     assert "bf16=True" in proc.stderr
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final_model", dtype="auto")
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}

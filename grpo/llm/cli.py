@@ -415,7 +415,9 @@ def train(args: argparse.Namespace) -> dict[str, float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point of ``grpo-train``."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    # under torchrun / accelerate launch only rank 0 tells the story (warnings come from all)
+    level = logging.INFO if is_main_process() else logging.WARNING
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     args = parse_args(argv)
     train(args)
     return 0
