@@ -5,13 +5,19 @@
 
 A random Qwen2-architecture model (tied LM head; `grpo.llm.tiny.build_tiny_model`) trained by
 `GRPOTrainer` + `CausalLMPolicy` on 2 gloo processes (one thread each), three ways, each in fresh
-processes: the trainer's own gradient sync (``deepspeed="off"``), ZeRO-2 and ZeRO-3 (DeepSpeed's
-default persistence threshold: weights under 1e5 elements stay whole). Printed per way, for rank 0:
+processes: the trainer's own gradient sync (``deepspeed="off"``), ZeRO-2 and ZeRO-3 with the
+shipped ``examples/configs/deepspeed_zero{2,3}.json`` (their "auto" bucket sizes and persistence
+threshold follow the hidden size H as accelerate sets them: H², 0.9·H², 10·H; weights of at most
+10·H elements, the norms and biases, stay whole under ZeRO-3). Printed per way, for rank 0:
 
     weights   bytes of the model's weights held between forwards (ZeRO-3: its partitions)
     moments   bytes of the AdamW moments (ZeRO-2/3: this rank's partition)
-    RSS now   resident memory after the timed steps (the model is loaded whole first, so the
-              peak, RSS max, includes one full copy under every way)
+    tensors   bytes of every live tensor of the process (storages counted once, found through the
+              garbage collector): weights, master copies, moments, gradient buffers, DeepSpeed's
+              buckets, whatever else is held after the timed steps
+    RSS now   resident memory after the timed steps (includes the libraries and what the allocator
+              keeps after frees; the model is loaded whole first, so the peak, RSS max, includes
+              one full copy under every way)
     s/step    median seconds per `trainer.step` (generation included), and the generation share
 
 Exact byte counts are the point; times on a shared 2-core machine are indicative (the ratios
@@ -21,6 +27,7 @@ between ways are measured in one run).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import socket
@@ -33,6 +40,8 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def _vm(field: str) -> float:
     """A /proc/self/status field in MiB (0 where there is no /proc)."""
@@ -43,6 +52,19 @@ def _vm(field: str) -> float:
     except OSError:
         pass
     return 0.0
+
+
+def _live_tensor_bytes() -> int:
+    """Bytes of the storages of all tensors the garbage collector can reach (each counted once)."""
+    storages: dict[int, int] = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.Tensor):
+            try:
+                st = obj.untyped_storage()
+            except (RuntimeError, NotImplementedError):  # e.g. tensors without storage
+                continue
+            storages[st.data_ptr()] = max(storages.get(st.data_ptr(), 0), st.nbytes())
+    return sum(storages.values())
 
 
 def _worker(rank: int, world: int, port: int, args: dict[str, Any], out: str) -> None:
@@ -90,6 +112,7 @@ def _worker(rank: int, world: int, port: int, args: dict[str, Any], out: str) ->
         result = {
             "weights": weights,
             "moments": moments,
+            "tensors": _live_tensor_bytes(),
             "rss_now": _vm("VmRSS"),
             "rss_max": _vm("VmHWM"),
             "s_step": statistics.median(times),
@@ -135,15 +158,14 @@ def main() -> None:
             f"2 gloo processes, 1 thread each; load average {load}"
         )
         print(
-            f"{'way':>9} {'weights MiB':>11} {'moments MiB':>11} {'RSS now':>8} {'RSS max':>8} "
-            f"{'s/step':>7} {'vs own':>6} {'generation':>10}"
+            f"{'way':>9} {'weights MiB':>11} {'moments MiB':>11} {'tensors MiB':>11} {'RSS now':>8} "
+            f"{'RSS max':>8} {'s/step':>7} {'vs own':>6} {'generation':>10}"
         )
         own = None
         for label, stage in (("own sync", None), ("ZeRO-2", 2), ("ZeRO-3", 3)):
             ds = "off"
-            if stage is not None:
-                ds = os.path.join(d, f"zero{stage}.json")
-                Path(ds).write_text(json.dumps({"zero_optimization": {"stage": stage}}))
+            if stage is not None:  # the shipped configs ("auto" sizes follow the hidden size)
+                ds = str(ROOT / "examples" / "configs" / f"deepspeed_zero{stage}.json")
             out = os.path.join(d, f"{label}.json")
             run = {"model": d, "deepspeed": ds, "steps": args.steps, "new_tokens": args.new_tokens}
             mp.spawn(_worker, args=(2, _free_port(), run, out), nprocs=2)
@@ -152,6 +174,7 @@ def main() -> None:
             own = own or r["s_step"]
             print(
                 f"{label:>9} {r['weights'] / 2**20:>11.1f} {r['moments'] / 2**20:>11.1f} "
+                f"{r['tensors'] / 2**20:>11.1f} "
                 f"{r['rss_now']:>8.0f} {r['rss_max']:>8.0f} {r['s_step']:>7.2f} "
                 f"{r['s_step'] / own:>6.2f} {r['gen_share']:>10.0%}"
             )

@@ -52,7 +52,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,7 @@ __all__ = [
     "deepspeed_config_from",
     "gathered_state_dict",
     "is_partitioned",
+    "model_hidden_size",
     "offloads_optimizer",
     "policy_is_partitioned",
     "prepare_deepspeed_config",
@@ -132,8 +133,21 @@ def _mixed_precision() -> str:
     return os.environ.get("ACCELERATE_MIXED_PRECISION", "no").lower()
 
 
+# zero_optimization keys whose "auto" follows the model's hidden size H, as accelerate (and the
+# Hugging Face Trainer) fill them: key -> value for H
+_HIDDEN_SIZE_AUTO: dict[str, Callable[[int], int]] = {
+    "reduce_bucket_size": lambda h: h * h,
+    "stage3_prefetch_bucket_size": lambda h: int(0.9 * h * h),
+    "stage3_param_persistence_threshold": lambda h: 10 * h,
+}
+
+
 def prepare_deepspeed_config(
-    raw: Mapping[str, Any], *, max_grad_norm: float | None, world_size: int
+    raw: Mapping[str, Any],
+    *,
+    max_grad_norm: float | None,
+    world_size: int,
+    hidden_size: int | None = None,
 ) -> dict[str, Any]:
     """``raw`` with the trainer's settings filled in and checked (a new dict; ``raw`` is unchanged).
 
@@ -147,7 +161,10 @@ def prepare_deepspeed_config(
     * ``bf16.enabled`` / ``fp16.enabled`` ``"auto"`` -> accelerate's mixed precision
       (``ACCELERATE_MIXED_PRECISION``), else off; with bf16, ``bf16.check_grad_overflow`` defaults
       to true (a non-finite step is skipped);
-    * other ``"auto"`` values inside ``zero_optimization`` take DeepSpeed's defaults.
+    * ``"auto"`` ``reduce_bucket_size``, ``stage3_prefetch_bucket_size`` and
+      ``stage3_param_persistence_threshold`` follow the model's ``hidden_size`` H as accelerate
+      fills them (H², 0.9·H², 10·H) when it is known (`model_hidden_size`); other ``"auto"``
+      values inside ``zero_optimization`` (and these without H) take DeepSpeed's defaults.
     """
     cfg: dict[str, Any] = json.loads(json.dumps(dict(raw)))  # a deep copy of plain JSON data
     for section in ("optimizer", "scheduler"):
@@ -170,7 +187,11 @@ def prepare_deepspeed_config(
         )
     for key, value in list(zero.items()):
         if value == "auto":
-            del zero[key]
+            fill = _HIDDEN_SIZE_AUTO.get(key)
+            if fill is not None and hidden_size is not None:
+                zero[key] = fill(int(hidden_size))
+            else:
+                del zero[key]
     cfg["zero_optimization"] = zero
 
     want_clip = 0.0 if max_grad_norm is None else float(max_grad_norm)
@@ -302,6 +323,19 @@ def gathered_state_dict(module: nn.Module) -> dict[str, Tensor] | None:
     return {key: gathered[names[key]] if key in names else v.detach().cpu() for key, v in state.items()}
 
 
+def model_hidden_size(module: nn.Module) -> int | None:
+    """The hidden size of a Hugging Face model (``config.hidden_size``, or the largest of
+    ``config.hidden_sizes``), None for other modules. Sizes DeepSpeed's buckets ("auto")."""
+    cfg = getattr(module, "config", None)
+    size = getattr(cfg, "hidden_size", None)
+    if isinstance(size, int):
+        return size
+    sizes = getattr(cfg, "hidden_sizes", None)
+    if isinstance(sizes, (list, tuple)) and sizes and all(isinstance(s, int) for s in sizes):
+        return int(max(sizes))
+    return None
+
+
 def _join_process_group(world_size: int, device: torch.device) -> None:
     """DeepSpeed needs a process group: with one process and none initialised, make a 1-process one
     (an in-memory store: no port; ``LOCAL_RANK`` defaults to 0 as DeepSpeed requires it); refuse a
@@ -359,7 +393,9 @@ class DeepSpeedBackend:
                 f"trainable tensors that are not the same set. Make get_parameters() return "
                 f"exactly the module's trainable parameters."
             )
-        self.config = prepare_deepspeed_config(config, max_grad_norm=max_grad_norm, world_size=world_size)
+        self.config = prepare_deepspeed_config(
+            config, max_grad_norm=max_grad_norm, world_size=world_size, hidden_size=model_hidden_size(module)
+        )
         _join_process_group(world_size, device)
         self.world_size = world_size
         self.stage = int(self.config["zero_optimization"]["stage"])

@@ -222,6 +222,30 @@ def test_prepare_fills_the_trainers_settings_and_leaves_the_input_alone() -> Non
     )
 
 
+def test_auto_bucket_sizes_follow_the_hidden_size_as_accelerate_sets_them() -> None:
+    """The shipped ZeRO-3 config's "auto" sizes: H², 0.9·H², 10·H for hidden size H (accelerate's
+    rule), DeepSpeed's defaults when H is unknown (no Hugging Face config)."""
+    from types import SimpleNamespace
+
+    from grpo.deepspeed_engine import model_hidden_size
+
+    shipped = json.loads((ROOT / "examples/configs/deepspeed_zero3.json").read_text())
+    cfg = prepare_deepspeed_config(shipped, max_grad_norm=1.0, world_size=2, hidden_size=64)
+    zero = cfg["zero_optimization"]
+    assert zero["reduce_bucket_size"] == 4096
+    assert zero["stage3_prefetch_bucket_size"] == 3686  # int(0.9 * 64 * 64)
+    assert zero["stage3_param_persistence_threshold"] == 640
+    assert zero["stage3_max_live_parameters"] == 1e9  # numbers are kept
+    unknown = prepare_deepspeed_config(shipped, max_grad_norm=1.0, world_size=2)["zero_optimization"]
+    assert not {"reduce_bucket_size", "stage3_prefetch_bucket_size"} & set(unknown)
+    module = torch.nn.Linear(2, 2)
+    assert model_hidden_size(module) is None
+    module.config = SimpleNamespace(hidden_size=96)  # type: ignore[assignment]
+    assert model_hidden_size(module) == 96
+    module.config = SimpleNamespace(hidden_sizes=[32, 128, 64])  # type: ignore[assignment]
+    assert model_hidden_size(module) == 128
+
+
 def test_bf16_from_accelerate_turns_on_the_overflow_check(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
     cfg = prepare_deepspeed_config(
@@ -313,9 +337,10 @@ def test_grpo_train_under_accelerate_deepspeed(tmp_path: Path, extra: list[str],
     """Two processes with the variables `accelerate launch --config_file
     examples/configs/accelerate_zero{2,3}.yaml` exports: the trainer runs that ZeRO stage on every
     rank (ZeRO-3: every weight partitioned, a Qwen2-style model with a tied LM head), rank 0 writes
-    checkpoints, and the trained weights equal a run without DeepSpeed (same seed, same prompts). Full fine-tuning with a KL term (a frozen reference copy; --kl-coef defaults to
-    0.04), and LoRA (reference = adapter disabled) with gradient checkpointing and 2 micro-batches
-    per optimizer step."""
+    checkpoints, and the trained weights equal a run without DeepSpeed (same seed, same prompts).
+    Full fine-tuning with a KL term (a frozen reference copy; --kl-coef defaults to 0.04), and
+    LoRA (reference = adapter disabled) with gradient checkpointing and 2 micro-batches per
+    optimizer step."""
     pytest.importorskip("transformers")
     from safetensors.torch import load_file
 
