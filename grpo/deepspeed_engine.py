@@ -33,8 +33,8 @@ forward all-gathers, so all ranks must run the same forwards (`GRPOTrainer` chec
 the same number of states). `is_partitioned` tells whether a module is partitioned;
 `DeepSpeedBackend.gathered` (`GRPOTrainer.gathered_weights`) gives the full weights for reading;
 `gathered_state_dict` gives the full state dict for saving (`grpo.llm.CausalLMPolicy.
-save_pretrained` uses it). The frozen KL reference copy is made before partitioning and stays
-whole.
+save_pretrained` uses it). The frozen KL reference copy is partitioned too
+(`DeepSpeedBackend.partition_reference`) and refreshed by `copy_partitioned_weights`.
 
 Limits: stage 0 is plain data parallelism, which the trainer does itself (no DeepSpeed needed).
 The optimizer and LR schedule are the trainer's (``GRPOConfig.learning_rate``, ``lr_schedule``,
@@ -61,6 +61,7 @@ from torch import Tensor, nn
 
 __all__ = [
     "DeepSpeedBackend",
+    "copy_partitioned_weights",
     "cpu_adam",
     "deepspeed_config_from",
     "gathered_state_dict",
@@ -323,6 +324,44 @@ def gathered_state_dict(module: nn.Module) -> dict[str, Tensor] | None:
     return {key: gathered[names[key]] if key in names else v.detach().cpu() for key, v in state.items()}
 
 
+def copy_partitioned_weights(source: nn.Module, target: nn.Module) -> None:
+    """``target``'s weights and buffers := ``source``'s, both partitioned by ZeRO-3 and of the same
+    structure (the policy and its reference copy). Every process must call it: one submodule at
+    a time, the source's weights are gathered, copied into the gathered target's, and rank 0's
+    copy is partitioned again (DeepSpeed's ``GatheredParameters(modifier_rank=0)``)."""
+    deepspeed = _import_deepspeed()
+    sources = dict(source.named_modules())
+    for name, sub in target.named_modules():
+        own = list(sub.named_parameters(recurse=False))
+        if not own:
+            continue
+        match = sources.get(name)
+        theirs = dict(match.named_parameters(recurse=False)) if match is not None else {}
+        missing = [n for n, _ in own if n not in theirs or theirs[n].ds_shape != _ds_shape(sub, n)]
+        if missing:
+            raise ValueError(
+                f"cannot copy the policy into the reference: the reference's {name or '<root>'}."
+                f"{missing[0]} has no counterpart of the same shape in the policy. The reference "
+                f"must have the policy's architecture."
+            )
+        with (
+            deepspeed.zero.GatheredParameters([theirs[n] for n, _ in own], modifier_rank=None),
+            deepspeed.zero.GatheredParameters([p for _, p in own], modifier_rank=0),
+            torch.no_grad(),
+        ):
+            for n, p in own:
+                p.data.copy_(theirs[n].data)
+    with torch.no_grad():
+        their_buffers = dict(source.named_buffers())
+        for name, buf in target.named_buffers():
+            if name in their_buffers:
+                buf.copy_(their_buffers[name])
+
+
+def _ds_shape(module: nn.Module, name: str) -> Any:
+    return getattr(module, name).ds_shape
+
+
 def model_hidden_size(module: nn.Module) -> int | None:
     """The hidden size of a Hugging Face model (``config.hidden_size``, or the largest of
     ``config.hidden_sizes``), None for other modules. Sizes DeepSpeed's buckets ("auto")."""
@@ -401,6 +440,7 @@ class DeepSpeedBackend:
         self.stage = int(self.config["zero_optimization"]["stage"])
         engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.config)
         self.engine: Any = engine
+        self.reference_engine: Any = None  # ZeRO-3: the frozen reference, partitioned too
         if torch.distributed.get_rank() == 0:
             logger.info(
                 "DeepSpeed ZeRO-%d on %d process(es): backward and optimizer step through DeepSpeed "
@@ -438,15 +478,31 @@ class DeepSpeedBackend:
         value = math.nan if norm is None else float(norm)
         return value, bool(self.engine.was_step_applied())
 
+    def partition_reference(self, module: nn.Module) -> None:
+        """ZeRO-3: partition the frozen reference ``module`` over the processes as well (an
+        optimizer-less DeepSpeed engine with the same ZeRO and precision settings), so that it
+        costs 1/W of a model per process instead of a full copy. Its forwards then all-gather like
+        the policy's; `copy_partitioned_weights` refreshes it."""
+        if self.stage != 3:
+            raise ValueError("partition_reference is for ZeRO stage 3 only.")
+        zero = {k: v for k, v in self.config["zero_optimization"].items() if not k.startswith("offload_opt")}
+        cfg = {**self.config, "zero_optimization": zero}
+        engine, *_ = _import_deepspeed().initialize(model=module, config=cfg)
+        engine.eval()
+        self.reference_engine = engine
+
     @contextlib.contextmanager
     def gathered(self) -> Iterator[None]:
-        """Within the block the module's parameters hold their full values on every rank (ZeRO-3
-        partitions them between forwards); a no-op for stages 1 and 2. Every rank must enter it
-        (it all-gathers). Read-only: changes made inside are discarded."""
+        """Within the block the module's parameters (and a partitioned reference's) hold their
+        full values on every rank (ZeRO-3 partitions them between forwards); a no-op for stages 1
+        and 2. Every rank must enter it (it all-gathers). Read-only: changes made inside are
+        discarded."""
         if self.stage != 3:
             yield
             return
         params = list(self.engine.module.parameters())
+        if self.reference_engine is not None:
+            params += list(self.reference_engine.module.parameters())
         with _import_deepspeed().zero.GatheredParameters(params, modifier_rank=None):
             yield
 

@@ -41,6 +41,7 @@ from grpo.advantage_estimator import AdvantageEstimator, AdvantageFn, group_stat
 from grpo.config import GRPOConfig
 from grpo.deepspeed_engine import (
     DeepSpeedBackend,
+    copy_partitioned_weights,
     cpu_adam,
     deepspeed_config_from,
     offloads_optimizer,
@@ -282,6 +283,9 @@ class GRPOTrainer:
                 world_size=1 if self.distributed is None else self.distributed.world_size,
                 device=self.device,
             )
+            reference = self._reference_module()
+            if self._deepspeed.stage == 3 and reference is not None:
+                self._deepspeed.partition_reference(reference)
 
     # ---- construction helpers -----------------------------------------------------------
     def _check_param_devices(self) -> None:
@@ -333,16 +337,33 @@ class GRPOTrainer:
         ref.eval()
         return ref
 
+    def _reference_module(self) -> nn.Module | None:
+        """The reference policy's own module (a copy of the policy's), or None: no reference, or
+        one without a module of its own (e.g. the policy with its LoRA adapter disabled)."""
+        if self.reference_policy is None:
+            return None
+        try:
+            module = training_module(self.reference_policy)
+        except TypeError:
+            return None
+        if self._deepspeed is not None and module is self._deepspeed.engine.module:
+            return None
+        return module
+
     def refresh_reference(self) -> None:
         """Copy the current policy's weights into the reference policy."""
         if self.reference_policy is None:
             return
         if self._deepspeed is not None and self._deepspeed.stage == 3:
-            # partitioned weights: gathered (every rank takes part), copied into the reference's
-            # module, which is not partitioned (it was copied before DeepSpeed started)
-            target = training_module(self.reference_policy)
-            with self._deepspeed.gathered():
-                target.load_state_dict(self._deepspeed.engine.module.state_dict())
+            # both partitioned: copied module by module (every rank takes part)
+            target = self._reference_module()
+            if target is None:
+                raise TypeError(
+                    f"under DeepSpeed ZeRO-3 the reference policy is refreshed through its module, "
+                    f"but {type(self.reference_policy).__name__} has none (no training_module()). "
+                    f"Set reference_update_freq=None."
+                )
+            copy_partitioned_weights(self._deepspeed.engine.module, target)
             return
         if isinstance(self.reference_policy, nn.Module) and isinstance(self.policy, nn.Module):
             self.reference_policy.load_state_dict(self.policy.state_dict())
@@ -949,10 +970,10 @@ class GRPOTrainer:
         return None if self._deepspeed is None else self._deepspeed.stage
 
     def gathered_weights(self) -> contextlib.AbstractContextManager[None]:
-        """A context manager within which the policy's weights hold their full values on every
-        rank: under DeepSpeed ZeRO-3 each rank otherwise keeps only its partition (every rank
-        must enter it: it all-gathers). A no-op otherwise. For reading (comparing, exporting);
-        changes made inside are discarded."""
+        """A context manager within which the policy's weights (and those of the reference copy)
+        hold their full values on every rank: under DeepSpeed ZeRO-3 each rank otherwise keeps
+        only its partition (every rank must enter it: it all-gathers). A no-op otherwise. For
+        reading (comparing, exporting); changes made inside are discarded."""
         if self._deepspeed is None:
             return contextlib.nullcontext()
         return self._deepspeed.gathered()

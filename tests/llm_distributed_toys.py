@@ -39,7 +39,7 @@ def cli_worker(rank: int, world: int, out: Path) -> None:
 def deepspeed_cli_worker(rank: int, world: int, out: Path) -> None:
     """`cli_worker` with the variables ``accelerate launch`` exports for a DeepSpeed config
     (``out/accelerate_env.json``); records the ZeRO stage the trainer ran with and whether the
-    policy's weights ended up partitioned (ZeRO-3)."""
+    policy's and the reference copy's weights ended up partitioned (ZeRO-3)."""
     import grpo.llm.cli as cli
 
     os.environ.update(json.loads((out / "accelerate_env.json").read_text()))
@@ -56,15 +56,23 @@ def deepspeed_cli_worker(rank: int, world: int, out: Path) -> None:
         cli_worker(rank, world, out)
     finally:
         cli.GRPOTrainer = original  # type: ignore[misc]
+    from grpo.deepspeed_engine import is_partitioned
+
     trainer = built[0]
-    ran = {"stage": trainer.deepspeed_stage, "partitioned": trainer.policy.is_partitioned}
+    reference = trainer._reference_module()  # None for LoRA (the adapter disabled)
+    ran = {
+        "stage": trainer.deepspeed_stage,
+        "partitioned": trainer.policy.is_partitioned,
+        "reference_partitioned": None if reference is None else is_partitioned(reference),
+    }
     (out / f"stage-rank{rank}.json").write_text(json.dumps(ran))
 
 
 def zero3_policy_worker(rank: int, world: int, out: Path) -> None:
     """`GRPOTrainer` + `CausalLMPolicy` under ZeRO-3 (the config in ``out/zero3.json``) with
     ``max_new_tokens`` 2 on rank 0 and 6 on rank 1, as when one rank's completions all stop early:
-    generation must keep the ranks in step. Then ``save_pretrained`` on every rank; rank 0 also
+    generation must keep the ranks in step (in ``step`` and in ``evaluate``). Then
+    ``save_pretrained`` on every rank; rank 0 also
     writes the gathered weights (``gathered.pt``) for comparison. Writes ``zero3-rank{r}.json``."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -85,10 +93,15 @@ def zero3_policy_worker(rank: int, world: int, out: Path) -> None:
         prompts = [f"{rank}{step}+{i}=" for i in range(2)]
         trainer.step(prompts, max_new_tokens=2 if rank == 0 else 6)
         lengths.append(policy.last_generation["completion_tokens"])
+    evaluation = trainer.evaluate([f"{rank}+{i}=" for i in range(2)], max_new_tokens=2 + 4 * rank)
     policy.save_pretrained(str(out / "saved"))
     with trainer.gathered_weights():
         full = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if rank == 0:
         torch.save(full, out / "gathered.pt")
-    result = {"partitioned": policy.is_partitioned, "completion_tokens": lengths}
+    result = {
+        "partitioned": policy.is_partitioned,
+        "completion_tokens": lengths,
+        "eval_reward": evaluation["eval/reward/mean"],
+    }
     (out / f"zero3-rank{rank}.json").write_text(json.dumps(result))

@@ -16,7 +16,12 @@ import torch
 pytest.importorskip("deepspeed")
 
 from grpo import GRPOConfig
-from grpo.deepspeed_engine import deepspeed_config_from, prepare_deepspeed_config, training_module
+from grpo.deepspeed_engine import (
+    deepspeed_config_from,
+    is_partitioned,
+    prepare_deepspeed_config,
+    training_module,
+)
 from tests.deepspeed_toys import DS_SCENARIOS, ZERO_CONFIGS, ds_worker, zero3_uneven_worker
 from tests.distributed_toys import LOCAL_B, STEPS, build, data, launch, params
 
@@ -106,7 +111,7 @@ def own_process_group(monkeypatch: pytest.MonkeyPatch) -> Any:
 @pytest.mark.parametrize("stage", [2, 3])
 def test_one_process_with_deepspeed_equals_one_without(tmp_path: Path, stage: int) -> None:
     """With a KL term whose reference is refreshed from the policy every 2 steps (under ZeRO-3
-    the partitioned weights are gathered into the reference copy)."""
+    both are partitioned and the copy goes module by module)."""
     cfg = tmp_path / f"zero{stage}.json"
     zero: dict[str, Any] = {"stage": stage}
     if stage == 3:
@@ -130,8 +135,11 @@ def test_one_process_with_deepspeed_equals_one_without(tmp_path: Path, stage: in
     for k in a:
         assert (a[k] - b[k]).abs().max().item() <= 1e-6
     # the reference holds the weights of step 4 (refreshed at steps 2 and 4), not step 5's
+    # under ZeRO-3 the reference copy is partitioned too (1/W of a model per process)
+    assert is_partitioned(training_module(tr.reference_policy)) is (stage == 3)
     ref_a = dict(ref.reference_policy.get_parameters())
-    ref_b = dict(tr.reference_policy.get_parameters())
+    with tr.gathered_weights():
+        ref_b = {k: v.detach().clone() for k, v in tr.reference_policy.get_parameters().items()}
     for k in ref_a:
         assert (ref_a[k] - ref_b[k]).abs().max().item() <= 1e-6
         assert (ref_a[k] - a[k]).abs().max().item() > 1e-4
@@ -377,6 +385,8 @@ def test_grpo_train_under_accelerate_deepspeed(tmp_path: Path, extra: list[str],
         on = mode == "deepspeed"
         assert [r["stage"] for r in ran] == ([stage] * WORLD if on else [None] * WORLD)
         assert [r["partitioned"] for r in ran] == [on and stage == 3] * WORLD
+        want_ref = None if extra else on and stage == 3  # LoRA: no copy (the adapter disabled)
+        assert [r["reference_partitioned"] for r in ran] == [want_ref] * WORLD
         weights = "adapter_model.safetensors" if extra else "model.safetensors"
         run_dir = out / "run"
         for d in ("checkpoint-1", "checkpoint-2", "final_model"):
@@ -419,6 +429,7 @@ def test_zero3_llm_policy_generation_in_step_and_gathered_save(tmp_path: Path) -
     assert [r["partitioned"] for r in ran] == [True, True]
     assert max(ran[0]["completion_tokens"]) <= 2 * 4  # 2 prompts x 2 completions x <= 2 tokens
     assert max(ran[1]["completion_tokens"]) > 2 * 4  # rank 1 generated longer completions
+    assert all(0.0 <= r["eval_reward"] <= 6.0 for r in ran)  # evaluate() completed on both
     gathered = torch.load(tmp_path / "gathered.pt", weights_only=True)
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "saved", dtype=torch.float32)
     initial = AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32)
