@@ -16,7 +16,7 @@ import torch
 from tests.distributed_toys import LOCAL_B, SCENARIOS, STEPS, build, data, params
 
 DS_SCENARIOS = ["bandit_deferred", "bandit_zero_var", "bandit_poison", "seq_deferred", "seq_known"]
-# label -> DeepSpeed config; zero2-offload: optimizer state on the CPU, stepped by DeepSpeedCPUAdam
+# label -> DeepSpeed config; *-offload: optimizer state on the CPU, stepped by DeepSpeedCPUAdam
 ZERO_CONFIGS: dict[str, dict[str, Any]] = {
     "zero1": {"zero_optimization": {"stage": 1}, "gradient_clipping": "auto"},
     "zero2": {"zero_optimization": {"stage": 2}, "gradient_clipping": "auto"},
@@ -24,6 +24,15 @@ ZERO_CONFIGS: dict[str, dict[str, Any]] = {
     "zero3": {
         "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
         "gradient_clipping": "auto",
+    },
+    # ZeRO-3 with the weights and the optimizer state offloaded to the CPU (ZeRO-Infinity's layout)
+    "zero3-offload": {
+        "zero_optimization": {
+            "stage": 3,
+            "stage3_param_persistence_threshold": 0,
+            "offload_param": {"device": "cpu"},
+            "offload_optimizer": {"device": "cpu"},
+        }
     },
 }
 

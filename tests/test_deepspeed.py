@@ -53,7 +53,8 @@ def test_zero_on_two_processes_equals_one_process_without_deepspeed(
     """bandit_deferred: 2 micro-batches (mask recorded at collection); bandit_zero_var: 2 epochs,
     KL, all-zero-variance groups on rank 1; bandit_poison: a NaN loss on rank 1 at step 2, skipped
     on every rank; seq_*: token-mean over lengths that differ 3x between the ranks. zero2-offload
-    steps the CPU-offloaded optimizer state with DeepSpeedCPUAdam instead of torch's AdamW."""
+    steps the CPU-offloaded optimizer state with DeepSpeedCPUAdam instead of torch's AdamW;
+    zero3 partitions every weight; zero3-offload also keeps the weights' partitions on the CPU."""
     ref = run["ref"][name]
     for rank in range(WORLD):
         got = run["ranks"][rank][f"{name}/{label}"]
