@@ -102,17 +102,17 @@ def _worker(
     if rank == 0:
         result = {k: steps / statistics.median(v) for k, v in times.items() if v}
         # what ZeRO saves on this rank, bytes: Adam moments (ZeRO-2), weights (ZeRO-3)
-        result["moments own"] = _state_bytes(synced.optimizer)
-        result["weights own"] = _weight_bytes(synced.params)
+        result["moments own"] = state_bytes(synced.optimizer)
+        result["weights own"] = weight_bytes(synced.params)
         if "ZeRO-2" in zeros:
-            result["moments ZeRO-2"] = _state_bytes(zeros["ZeRO-2"].optimizer)
+            result["moments ZeRO-2"] = state_bytes(zeros["ZeRO-2"].optimizer)
         if "ZeRO-3" in zeros:
-            result["weights ZeRO-3"] = _weight_bytes(zeros["ZeRO-3"].params)
+            result["weights ZeRO-3"] = weight_bytes(zeros["ZeRO-3"].params)
         Path(out).write_text(json.dumps(result))
     torch.distributed.destroy_process_group()
 
 
-def _state_bytes(optimizer: torch.optim.Optimizer | None) -> float:
+def state_bytes(optimizer: torch.optim.Optimizer | None) -> float:
     """Bytes of the optimizer's state tensors on this rank (under ZeRO: of its partition)."""
     assert optimizer is not None
     return float(
@@ -125,13 +125,13 @@ def _state_bytes(optimizer: torch.optim.Optimizer | None) -> float:
     )
 
 
-def _weight_bytes(params: list[torch.Tensor]) -> float:
+def weight_bytes(params: list[torch.Tensor]) -> float:
     """Bytes of the weights this rank holds between forwards (under ZeRO-3: its partitions,
     ``ds_tensor``; the full tensors exist only while a module runs)."""
     return float(sum(getattr(p, "ds_tensor", p).numel() * p.element_size() for p in params))
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -152,7 +152,7 @@ def measure(
                 ds_configs[f"ZeRO-{stage}"] = path = os.path.join(d, f"zero{stage}.json")
                 Path(path).write_text(json.dumps({"zero_optimization": zero}))
         run_args = (global_batch, steps, warmup, repeats, ds_configs)
-        mp.spawn(_worker, args=(2, _free_port(), run_args, out), nprocs=2)
+        mp.spawn(_worker, args=(2, free_port(), run_args, out), nprocs=2)
         result: dict[str, float] = json.loads(Path(out).read_text())
     return result
 

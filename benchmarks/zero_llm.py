@@ -30,7 +30,6 @@ import argparse
 import gc
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -39,6 +38,7 @@ from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+from scaling import free_port, state_bytes, weight_bytes  # benchmarks/scaling.py, beside this file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,14 +100,8 @@ def _worker(rank: int, world: int, port: int, args: dict[str, Any], out: str) ->
         if step:  # the first step warms up
             times.append(time.perf_counter() - t0)
             gen.append(policy.last_generation["seconds"])
-    weights = sum(getattr(p, "ds_tensor", p).numel() * p.element_size() for p in model.parameters())
-    assert trainer.optimizer is not None
-    moments = sum(
-        t.numel() * t.element_size()
-        for state in trainer.optimizer.state.values()
-        for t in state.values()
-        if isinstance(t, torch.Tensor) and t.dim() > 0
-    )
+    weights = weight_bytes(list(model.parameters()))
+    moments = state_bytes(trainer.optimizer)
     if rank == 0:
         result = {
             "weights": weights,
@@ -122,12 +116,6 @@ def _worker(rank: int, world: int, port: int, args: dict[str, Any], out: str) ->
         Path(out).write_text(json.dumps(result))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main() -> None:
@@ -168,7 +156,7 @@ def main() -> None:
                 ds = str(ROOT / "examples" / "configs" / f"deepspeed_zero{stage}.json")
             out = os.path.join(d, f"{label}.json")
             run = {"model": d, "deepspeed": ds, "steps": args.steps, "new_tokens": args.new_tokens}
-            mp.spawn(_worker, args=(2, _free_port(), run, out), nprocs=2)
+            mp.spawn(_worker, args=(2, free_port(), run, out), nprocs=2)
             r = json.loads(Path(out).read_text())
             assert r["stage"] == stage
             own = own or r["s_step"]

@@ -337,7 +337,7 @@ def copy_partitioned_weights(source: nn.Module, target: nn.Module) -> None:
             continue
         match = sources.get(name)
         theirs = dict(match.named_parameters(recurse=False)) if match is not None else {}
-        missing = [n for n, _ in own if n not in theirs or theirs[n].ds_shape != _ds_shape(sub, n)]
+        missing = [n for n, p in own if n not in theirs or theirs[n].ds_shape != p.ds_shape]
         if missing:
             raise ValueError(
                 f"cannot copy the policy into the reference: the reference's {name or '<root>'}."
@@ -356,10 +356,6 @@ def copy_partitioned_weights(source: nn.Module, target: nn.Module) -> None:
         for name, buf in target.named_buffers():
             if name in their_buffers:
                 buf.copy_(their_buffers[name])
-
-
-def _ds_shape(module: nn.Module, name: str) -> Any:
-    return getattr(module, name).ds_shape
 
 
 def model_hidden_size(module: nn.Module) -> int | None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from tests.distributed_toys import LOCAL_B, SCENARIOS, STEPS, build, data, params
+from tests.distributed_toys import LOCAL_B, SCENARIOS, STEPS, build, data, params, run_steps
 
 DS_SCENARIOS = ["bandit_deferred", "bandit_zero_var", "bandit_poison", "seq_deferred", "seq_known"]
 # label -> DeepSpeed config; *-offload: optimizer state on the CPU, stepped by DeepSpeedCPUAdam
@@ -55,7 +55,7 @@ def ds_worker(rank: int, world: int, out: Path) -> None:
                 assert tr._deepspeed is not None
                 assert tr._deepspeed.stage == config["zero_optimization"]["stage"]
                 d = data(name, world)
-                metrics = [tr.step(d["states"][s, rows], noise=d["noise"][s, rows]) for s in range(STEPS)]
+                metrics = run_steps(tr, d, rows, range(STEPS))
                 with tr.gathered_weights():  # ZeRO-3: the full weights on every rank
                     weights = params(tr)
             res[f"{name}/{label}"] = {

@@ -23,7 +23,7 @@ from grpo.deepspeed_engine import (
     training_module,
 )
 from tests.deepspeed_toys import DS_SCENARIOS, ZERO_CONFIGS, ds_worker, zero3_uneven_worker
-from tests.distributed_toys import LOCAL_B, STEPS, build, data, launch, params
+from tests.distributed_toys import LOCAL_B, STEPS, build, data, launch, params, run_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLD = 2
@@ -38,7 +38,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         d = data(name)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            metrics = [tr.step(d["states"][s], noise=d["noise"][s]) for s in range(STEPS)]
+            metrics = run_steps(tr, d, slice(None), range(STEPS))
         ref[name] = {"params": params(tr), "metrics": metrics, "non_finite": tr.non_finite_steps}
     launch(ds_worker, out, world=WORLD, timeout=420.0)  # the first run JIT-builds DeepSpeed's CPU ops
     ranks = [torch.load(out / f"ds-rank{r}.pt", weights_only=True) for r in range(WORLD)]

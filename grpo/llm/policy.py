@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from grpo.deepspeed_engine import gathered_state_dict, is_partitioned
+from grpo.distributed import get_world_size
 from grpo.llm._deps import require
 from grpo.llm.data import is_chat, prompt_text
 from grpo.llm.logprobs import chunked_token_logprobs
@@ -293,7 +294,7 @@ class CausalLMPolicy:
         device = self.device
         # ZeRO-3 on several processes: every forward all-gathers weights, so every rank keeps
         # stepping until all ranks' sequences are done (rows that finished only get padding).
-        synced = self.is_partitioned and _world_size() > 1
+        synced = self.is_partitioned and get_world_size() > 1
         chunk = self.generation_batch_size or len(rows)
         out: list[Completion] = []
         t0 = time.perf_counter()
@@ -520,11 +521,6 @@ class DisabledAdapterReference:
         return self
 
 
-def _world_size() -> int:
-    dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
 def _run_as_forward(
     module: nn.Module, fn: Callable[[Tensor], tuple[Tensor, Tensor | None]], x: Tensor
 ) -> tuple[Tensor, Tensor | None]:
@@ -532,11 +528,8 @@ def _run_as_forward(
     module gather its partitioned weight for the call (and again for its backward) and release it
     afterwards: one gather per call, however many chunks ``fn`` makes."""
 
-    def forward(h: Tensor) -> tuple[Tensor, Tensor | None]:
-        return fn(h)
-
     own = module.__dict__.get("forward")  # an instance-level forward (another library's hook)
-    module.forward = forward
+    module.forward = fn
     try:
         out: tuple[Tensor, Tensor | None] = module(x)
     finally:
