@@ -26,13 +26,20 @@ over micro-batches gives exactly the gradient of the full batch.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from grpo.aggregation import AGGREGATIONS, Aggregation, aggregate, aggregation_normaliser
-from grpo.kl import KL_ESTIMATORS, KLEstimator, KLFn, kl_estimate
+from grpo.aggregation import (
+    AGGREGATIONS,
+    Aggregation,
+    aggregate,
+    aggregation_count,
+    aggregation_normaliser,
+    normaliser_from_count,
+)
+from grpo.kl import KL_ESTIMATORS, KLEstimator, KLFn, kl_and_grad, kl_estimate
 from grpo.policy_losses import (
     POLICY_LOSSES,
     PolicyLoss,
@@ -44,6 +51,9 @@ from grpo.policy_losses import (
     reinforce_loss,
     sapo_loss,
 )
+
+if TYPE_CHECKING:
+    from grpo.config import GRPOConfig
 
 __all__ = [
     "AGGREGATIONS",
@@ -59,6 +69,7 @@ __all__ = [
     "clipped_surrogate",
     "entropy_bonus",
     "kl_estimate",
+    "update_metrics",
 ]
 
 
@@ -109,6 +120,40 @@ STAT_NAMES: tuple[str, ...] = (
 )
 """Entries of `ObjectiveOutput.stats`, in order."""
 
+_N_AGGREGATED = 4  # STAT_NAMES[:4] are aggregated like the loss; the rest are sums over valid steps
+
+# The metric (grpo.metrics) each statistic becomes in `update_metrics`: the aggregated ones are
+# averaged over optimizer steps, the sums divided by the valid steps ("steps" is that count).
+_STAT_METRICS: tuple[tuple[str, str], ...] = (
+    ("loss", "loss/total"),
+    ("policy_loss", "loss/policy"),
+    ("kl_loss", "loss/kl"),
+    ("entropy", "loss/entropy"),
+    ("clip_low", "clip/frac_low"),
+    ("clip_high", "clip/frac_high"),
+    ("kl_old", "kl/old"),
+    ("kl_ref", "kl/ref"),
+    ("entropy_sum", "policy/entropy"),
+    ("ratio_sum", "ratio/mean"),
+)
+
+
+def update_metrics(stats: Tensor, extremes: Tensor, optimizer_steps: int) -> tuple[dict[str, float], float]:
+    """The update's metrics from its objective statistics: ``stats`` summed over every
+    micro-batch of every optimizer step, ``extremes`` merged with ``torch.maximum``. Returns the
+    metrics by name and the number of valid steps they were averaged over (one host sync)."""
+    values = torch.cat([stats, extremes.to(stats.dtype)]).tolist()
+    named = dict(zip(STAT_NAMES, values, strict=False))
+    steps = named["steps"]
+    per_step = max(steps, 1.0)
+    out = {
+        metric: named[stat] / (optimizer_steps if i < _N_AGGREGATED else per_step)
+        for i, (stat, metric) in enumerate(_STAT_METRICS)
+    }
+    out["ratio/min"], out["ratio/max"] = -values[-2], values[-1]
+    return out, steps
+
+
 # Rows of the per-step value stack that `_statistics` reduces, in this order (those given).
 # "logp" enters no statistic: a non-finite log-prob on a valid step makes every stat NaN (0 * inf in
 # the reduction), so the trainer sees a non-finite loss and contains the step.
@@ -149,6 +194,12 @@ class ObjectiveOutput(NamedTuple):
     @property
     def entropy(self) -> Tensor:
         return self.stats[3]
+
+    @staticmethod
+    def rescale(stats: Tensor, divisor: Tensor) -> Tensor:
+        """``stats`` whose aggregated entries (loss, policy_loss, kl_loss, entropy) were computed
+        with normaliser 1, divided by the optimizer step's ``divisor`` (the counts stay)."""
+        return torch.cat([stats[:_N_AGGREGATED] / divisor, stats[_N_AGGREGATED:]])
 
     @property
     def sums(self) -> dict[str, Tensor]:
@@ -250,9 +301,41 @@ class GRPOObjective:
         if aggregation == "seq-mean-token-sum-norm":  # fail at construction, not mid-step
             aggregation_normaliser(torch.ones(1, 1, dtype=torch.bool), aggregation, constant=loss_normaliser)
 
+    @classmethod
+    def from_config(
+        cls, config: GRPOConfig, *, loss_fn: PolicyLossFn | None = None, kl_fn: KLFn | None = None
+    ) -> GRPOObjective:
+        """The objective a `GRPOConfig` describes (no KL loss term when the KL is folded into the
+        reward, ``kl_penalty="reward"``)."""
+        return cls(
+            clip_epsilon=config.clip_epsilon,
+            clip_epsilon_high=config.clip_epsilon_high,
+            kl_coeff=0.0 if config.kl_penalty == "reward" else config.kl_coeff,
+            kl_estimator=config.kl_estimator,
+            entropy_coeff=config.entropy_coeff,
+            aggregation=config.loss_aggregation,
+            log_ratio_clamp=config.log_ratio_clamp,
+            policy_loss=config.policy_loss,
+            dual_clip_c=config.dual_clip_c if config.dual_clip else None,
+            sapo_tau_pos=config.sapo_tau_pos,
+            sapo_tau_neg=config.sapo_tau_neg,
+            loss_normaliser=config.loss_normaliser,
+            loss_fn=loss_fn,
+            kl_fn=kl_fn,
+        )
+
     def normaliser(self, mask: Tensor) -> Tensor:
         """``Z`` of `aggregation_normaliser` for the rows of one whole optimizer step."""
         return aggregation_normaliser(mask, self.aggregation, constant=self.loss_normaliser)
+
+    def count(self, mask: Tensor) -> Tensor:
+        """The raw count behind ``Z`` (`aggregation_count`): add the counts of several
+        micro-batches or processes, then `normaliser_from_count` once."""
+        return aggregation_count(mask, self.aggregation)
+
+    def normaliser_from_count(self, count: Tensor) -> Tensor:
+        """``Z`` from the whole optimizer step's count (clamped to >= 1 once)."""
+        return normaliser_from_count(count, self.aggregation, constant=self.loss_normaliser)
 
     def policy_term(self, logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor) -> PolicyLoss:
         """The per-step policy loss (n, T), its ratio and clip masks."""
@@ -420,8 +503,10 @@ class GRPOObjective:
                 clamped = log_ratio.clamp(
                     torch.where(neg, log_lo, minus_c), torch.where(neg, log_cap, log_hi)
                 )
-                clip_low = (clamped > log_ratio) & neg  # A < 0 rows: raised to log(1 - eps_low)
-                clip_high = (clamped < log_ratio) & (adv > 0)  # A > 0 rows: cut to log(1 + eps_high)
+                # clipped as the composed path counts them: the clamped ratio outside the clip
+                # range (a bound set by the log-ratio clamp alone is not a clip)
+                clip_low = (ratio < 1.0 - self.eps_low) & neg
+                clip_high = (ratio > 1.0 + self.eps_high) & (adv > 0)
                 active = clamped == log_ratio
                 del log_ratio  # (temporaries are released as soon as possible: peak memory)
                 pg = clamped.exp_().mul_(-adv)  # in the clamped log-ratio's buffer
@@ -431,14 +516,10 @@ class GRPOObjective:
                 del active, clamped
             kl = None
             if logp_ref is not None:
-                kl, minus_grad = _kl_and_minus_grad(x, logp_ref, self.kl_estimator, c)
+                kl, kl_grad = kl_and_grad(x, logp_ref, self.kl_estimator, c)
                 if self.kl_coeff != 0.0:
-                    g = (
-                        g.sub_(minus_grad, alpha=self.kl_coeff)
-                        if minus_grad is not None
-                        else g.add_(self.kl_coeff)
-                    )
-                del minus_grad
+                    g = g.add_(kl_grad, alpha=self.kl_coeff) if kl_grad is not None else g.add_(self.kl_coeff)
+                del kl_grad
             g_ent = None
             if self.entropy_coeff != 0.0:
                 if entropy is None:
@@ -467,14 +548,17 @@ class GRPOObjective:
         return ObjectiveOutput(loss, stats, extremes)
 
     def _log_bounds(self, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, ...]:
-        """0-d tensors ``log(1 - eps_low)``, ``-c``, ``min(c, log c_dual)``, ``log(1 + eps_high)`` in
-        ``dtype`` (Python floats would make `torch.where` build float32 bounds)."""
+        """0-d tensors ``max(-c, log(1 - eps_low))``, ``-c``, ``min(c, log c_dual)``,
+        ``min(c, log(1 + eps_high))`` in ``dtype`` (Python floats would make `torch.where` build
+        float32 bounds)."""
         key = ("bounds", dtype, device, self.eps_low, self.eps_high, self.dual_clip_c, self.log_ratio_clamp)
         cached = self._cache.get("bounds")
         if cached is None or cached[0] != key:
+            # the composed path clamps the log-ratio to [-c, c] first, then clips the ratio: the
+            # tighter of the two bounds wins on each side
             c = self.log_ratio_clamp
             cap = c if self.dual_clip_c is None else min(c, math.log(self.dual_clip_c))
-            values = (math.log(1.0 - self.eps_low), -c, cap, math.log(1.0 + self.eps_high))
+            values = (max(-c, math.log(1.0 - self.eps_low)), -c, cap, min(c, math.log(1.0 + self.eps_high)))
             cached = (key, tuple(torch.tensor(v, dtype=dtype, device=device) for v in values))
             self._cache["bounds"] = cached
         bounds: tuple[Tensor, ...] = cached[1]
@@ -627,18 +711,3 @@ class GRPOObjective:
         proj = p.to(dtype=dtype, device=device)
         self._cache[slot] = (key, proj)
         return proj
-
-
-def _kl_and_minus_grad(
-    x: Tensor, logp_ref: Tensor, estimator: str, clamp: float
-) -> tuple[Tensor, Tensor | None]:
-    """Per-step KL estimate (`grpo.kl.kl_estimate`) and minus its derivative w.r.t. logp (None for
-    k1, whose derivative is the constant 1). Call under no_grad."""
-    d = logp_ref - x
-    if estimator == "k1":
-        return -d, None
-    if estimator == "k2":
-        return 0.5 * d * d, d
-    dc = d.clamp(-clamp, clamp)
-    e = torch.expm1(dc)
-    return e - dc, e * (dc == d)  # d k3 / d logp = 1 - exp(d) = -expm1(d); 0 outside the clamp

@@ -29,7 +29,7 @@ from typing import Any, Literal, Protocol
 import torch
 from torch import Tensor
 
-__all__ = ["KL_ESTIMATORS", "KLEstimator", "KLFn", "kl_estimate", "kl_return_to_go"]
+__all__ = ["KL_ESTIMATORS", "KLEstimator", "KLFn", "kl_and_grad", "kl_estimate", "kl_return_to_go"]
 
 KLEstimator = Literal["k1", "k2", "k3"]
 KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
@@ -44,39 +44,46 @@ class KLFn(Protocol):
     def __call__(self, logp: Tensor, logp_ref: Tensor) -> Tensor: ...
 
 
+def kl_and_grad(logp: Tensor, logp_ref: Tensor, estimator: str, clamp: float) -> tuple[Tensor, Tensor | None]:
+    """Per-step KL estimate and its derivative w.r.t. ``logp`` (None for k1, whose derivative is
+    the constant 1), without autograd. With d = logp_ref - logp:
+
+        k1 = -d                      dk1/dlogp = 1
+        k2 = d^2 / 2                 dk2/dlogp = -d
+        k3 = exp(d) - 1 - d          dk3/dlogp = 1 - exp(d)   (d clamped to [-c, c]; 0 outside)
+
+    k3 is computed as ``expm1(d) - d`` (no cancellation for small d). Shapes: (n, T) -> (n, T).
+    """
+    with torch.no_grad():
+        d = logp_ref - logp  # log(pi_ref / pi_theta)
+        if estimator == "k1":
+            return d.neg_(), None
+        if estimator == "k2":
+            return 0.5 * d * d, -d
+        outside = (d > clamp) | (d < -clamp)
+        d.clamp_(-clamp, clamp)
+        e = torch.expm1(d)
+        kl = e - d
+        return kl, e.neg_().masked_fill_(outside, 0.0)
+
+
 class _KLEstimate(torch.autograd.Function):
-    """k1/k2/k3 with a hand-written backward: the forward keeps dk/dlogp (one (n, T) tensor), the
-    backward is one multiply. Autograd through the plain formula would allocate ~6 (n, T)
-    temporaries in the backward (checked by test_gradcheck and benchmarks/objective.py)."""
+    """k1/k2/k3 with a hand-written backward (`kl_and_grad`): the forward keeps dk/dlogp (one
+    (n, T) tensor), the backward is one multiply. Autograd through the plain formula would
+    allocate ~6 (n, T) temporaries in the backward (checked by test_gradcheck and
+    benchmarks/objective.py)."""
 
     @staticmethod
     def forward(ctx: Any, logp: Tensor, logp_ref: Tensor, estimator: str, clamp: float) -> Tensor:
-        with torch.no_grad():
-            d = logp_ref - logp  # log(pi_ref / pi_theta)
-            if estimator == "k1":
-                ctx.kind = "k1"
-                return d.neg_()
-            if estimator == "k2":
-                ctx.save_for_backward(d)
-                ctx.kind = "k2"
-                return 0.5 * d * d
-            outside = (d > clamp) | (d < -clamp)
-            d.clamp_(-clamp, clamp)
-            e = torch.expm1(d)
-            kl = d.neg_().add_(e)  # exp(d) - 1 - d, without cancellation for small d; in d's buffer
-            ctx.save_for_backward(e.neg_().masked_fill_(outside, 0.0))  # dk3/dlogp = 1 - exp(d)
-            ctx.kind = "k3"
-            return kl
+        kl, grad = kl_and_grad(logp, logp_ref, estimator, clamp)
+        ctx.save_for_backward(grad)
+        return kl
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, None, None, None]:
         (grad,) = grads
-        if ctx.kind == "k1":
-            return grad, None, None, None
         (saved,) = ctx.saved_tensors
-        if ctx.kind == "k2":
-            return grad * (-saved), None, None, None  # d/dlogp (d^2 / 2) = -d
-        return grad * saved, None, None, None
+        return (grad if saved is None else grad * saved), None, None, None
 
 
 def kl_estimate(

@@ -344,9 +344,10 @@ def test_errors_name_the_fix():
 def _composed(**kw):
     """The same objective forced onto the composed (autograd) path via a user loss_fn."""
     lo, hi, dual = kw["clip_epsilon"], kw["clip_epsilon_high"], kw.get("dual_clip_c")
+    c = kw.get("log_ratio_clamp", 20.0)
 
     def loss_fn(logp, old, adv, mask):
-        return clip_loss(logp, old, adv, mask, eps_low=lo, eps_high=hi, dual_clip_c=dual)
+        return clip_loss(logp, old, adv, mask, eps_low=lo, eps_high=hi, dual_clip_c=dual, log_ratio_clamp=c)
 
     return GRPOObjective(loss_fn=loss_fn, **kw)
 
@@ -549,3 +550,68 @@ def test_is_weights_scale_the_policy_term_only(agg, on_policy):
     per_step = w_is * pg + 0.1 * (torch.exp(d) - d - 1) - 0.01 * -logp
     expected = (per_step * _weight(agg, mask)).sum()
     assert float(fused.loss.detach()) == pytest.approx(float(expected), rel=1e-10, abs=1e-12)
+
+
+# ---- a log-ratio clamp tighter than the clip bounds (regression: the fused path ignored it) ------
+def test_binding_log_ratio_clamp_fused_value_and_gradient_are_the_documented_ones():
+    """logp = -1.0, logp_old = -1.15, A = 1, eps = 0.2, c = 0.1: the log-ratio 0.15 is clamped to
+    0.1 before the clip (docs/algorithms.md), so the loss is -exp(0.1) with zero gradient."""
+    logp = torch.tensor([[-1.0]], dtype=D, requires_grad=True)
+    old = torch.tensor([[-1.15]], dtype=D)
+    mask = torch.ones(1, 1, dtype=torch.bool)
+    for obj in (
+        GRPOObjective(clip_epsilon=0.2, log_ratio_clamp=0.1),
+        _composed(clip_epsilon=0.2, clip_epsilon_high=0.2, log_ratio_clamp=0.1),
+    ):
+        out = obj(logp, old, torch.ones(1, dtype=D), mask, 1.0)
+        (grad,) = torch.autograd.grad(out.loss, [logp])
+        assert float(out.loss) == pytest.approx(-math.exp(0.1), abs=1e-12)
+        assert float(grad) == 0.0
+    # A < 0 with the ratio below the clip: the clamp at -c binds before 1 - eps_low
+    out = GRPOObjective(clip_epsilon=0.2, log_ratio_clamp=0.1)(
+        logp, torch.tensor([[-0.7]], dtype=D), -torch.ones(1, dtype=D), mask, 1.0
+    )
+    (grad,) = torch.autograd.grad(out.loss, [logp])
+    assert float(out.loss) == pytest.approx(math.exp(-0.1), abs=1e-12)
+    assert float(grad) == 0.0
+
+
+@pytest.mark.parametrize("clamp", [0.02, 0.1, 0.15, 0.25])
+@pytest.mark.parametrize("dual", [None, 1.1, 3.0])
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_fused_clip_path_equals_composed_and_loop_with_a_binding_log_ratio_clamp(clamp, dual, agg):
+    logp, old, ref, adv, mask, _ = random_inputs(seed=11, spread=0.4)
+    kw = {
+        "clip_epsilon": EPS_LO, "clip_epsilon_high": EPS_HI, "kl_coeff": 0.05, "kl_estimator": "k3",
+        "aggregation": agg, "loss_normaliser": C_NORM, "dual_clip_c": dual, "log_ratio_clamp": clamp,
+    }  # fmt: skip
+    results = []
+    for obj in (GRPOObjective(**kw), _composed(**kw)):
+        x = logp.clone().requires_grad_(True)
+        out = obj(x, old, adv, mask, obj.normaliser(mask), logp_ref=ref)
+        results.append((out, torch.autograd.grad(out.loss, [x])[0]))
+    (fused, g_fused), (composed, g_composed) = results
+    torch.testing.assert_close(fused.loss, composed.loss, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(fused.stats, composed.stats, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(g_fused, g_composed, atol=1e-12, rtol=1e-10)
+    # a plain loop over steps: l = -min(r A, clip(r) A), r = exp(clamp(logp - old, -c, c)), dual cap
+    x = logp.clone().requires_grad_(True)
+    z = float(GRPOObjective(**kw).normaliser(mask))
+    total = torch.zeros((), dtype=D)
+    for i in range(logp.shape[0]):
+        n_i = max(int(mask[i].sum()), 1)
+        for t in range(logp.shape[1]):
+            if not mask[i, t]:
+                continue
+            r = torch.exp(torch.clamp(x[i, t] - old[i, t], -clamp, clamp))
+            a = adv[i]
+            pg = -torch.minimum(r * a, torch.clamp(r, 1 - EPS_LO, 1 + EPS_HI) * a)
+            if dual is not None and a < 0:
+                pg = torch.minimum(pg, -dual * a)
+            d = torch.clamp(ref[i, t] - x[i, t], -clamp, clamp)
+            step = pg + 0.05 * (torch.exp(d) - d - 1)
+            w = 1.0 / n_i if agg == "seq-mean-token-mean" else 1.0
+            total = total + w * step
+    loop = total / z
+    torch.testing.assert_close(fused.loss, loop, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(g_fused, torch.autograd.grad(loop, [x])[0], atol=1e-12, rtol=1e-10)
