@@ -23,7 +23,14 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-__all__ = ["AGGREGATIONS", "Aggregation", "aggregate", "aggregation_normaliser"]
+__all__ = [
+    "AGGREGATIONS",
+    "Aggregation",
+    "aggregate",
+    "aggregation_count",
+    "aggregation_normaliser",
+    "normaliser_from_count",
+]
 
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 AGGREGATIONS: tuple[str, ...] = (
@@ -38,17 +45,22 @@ def _bad(mode: str) -> ValueError:
     return ValueError(f"loss_aggregation must be one of {AGGREGATIONS}, got {mode!r}.")
 
 
-def aggregation_normaliser(mask: Tensor, mode: Aggregation, *, constant: float | None = None) -> Tensor:
-    """``Z``: the number ``aggregate`` divides by, for the rows of one whole optimizer step.
-
-    "token-mean": valid steps; "seq-mean-token-mean" / "seq-mean-token-sum": samples with a valid
-    step; "seq-mean-token-sum-norm": those samples times ``constant``. At least 1 (0 / 1 = 0 for an
-    empty step). Shapes: mask (n, T) bool -> float32 scalar.
-    """
+def aggregation_count(mask: Tensor, mode: Aggregation) -> Tensor:
+    """What ``aggregate`` counts, before any clamp: valid steps for "token-mean", samples with a
+    valid step for the "seq-mean-*" modes. Counts of several micro-batches or processes add up;
+    clamp the total once (`normaliser_from_count`). Shapes: mask (n, T) bool -> float32 scalar."""
     if mode == "token-mean":
-        return torch.count_nonzero(mask).to(torch.float32).clamp(min=1.0)
-    if mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
-        return torch.count_nonzero(mask.any(-1)).to(torch.float32).clamp(min=1.0)
+        return torch.count_nonzero(mask).to(torch.float32)
+    if mode in ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
+        return torch.count_nonzero(mask.any(-1)).to(torch.float32)
+    raise _bad(mode)
+
+
+def normaliser_from_count(count: Tensor, mode: Aggregation, *, constant: float | None = None) -> Tensor:
+    """``Z = max(1, count)``, times ``constant`` for "seq-mean-token-sum-norm" (0 / Z = 0 for an
+    empty step). ``count`` is `aggregation_count` of the whole optimizer step (summed over its
+    micro-batches and processes)."""
+    z = count.clamp(min=1.0)
     if mode == "seq-mean-token-sum-norm":
         if constant is None or not constant > 0:
             raise ValueError(
@@ -56,8 +68,22 @@ def aggregation_normaliser(mask: Tensor, mode: Aggregation, *, constant: float |
                 f"got {constant!r}. Set GRPOConfig(loss_normaliser=...) to the generation budget "
                 f"(e.g. max_new_tokens), as Dr. GRPO does."
             )
-        return torch.count_nonzero(mask.any(-1)).to(torch.float32).clamp(min=1.0) * float(constant)
-    raise _bad(mode)
+        return z * float(constant)
+    if mode not in AGGREGATIONS:
+        raise _bad(mode)
+    return z
+
+
+def aggregation_normaliser(mask: Tensor, mode: Aggregation, *, constant: float | None = None) -> Tensor:
+    """``Z``: the number ``aggregate`` divides by, for the rows of one whole optimizer step.
+
+    "token-mean": valid steps; "seq-mean-token-mean" / "seq-mean-token-sum": samples with a valid
+    step; "seq-mean-token-sum-norm": those samples times ``constant``. The count is clamped to at
+    least 1 (0 / 1 = 0 for an empty step). Shapes: mask (n, T) bool -> float32 scalar.
+    """
+    if mode == "seq-mean-token-sum-norm":  # the constant is checked before the mode's count
+        normaliser_from_count(torch.ones(()), mode, constant=constant)
+    return normaliser_from_count(aggregation_count(mask, mode), mode, constant=constant)
 
 
 def aggregate(values: Tensor, mask: Tensor, mode: Aggregation, normaliser: Tensor | float) -> Tensor:
