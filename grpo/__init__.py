@@ -4,9 +4,16 @@ Bring any policy (`PolicyModel`) and any reward (`RewardModel`, or a plain funct
 `GRPOTrainer(config, policy, reward_model).step(states)` does the rest.
 """
 
-from grpo.advantage_estimator import AdvantageEstimator, AdvantageFn, group_advantages, group_stats
+from grpo.advantage_estimator import (
+    AdvantageEstimator,
+    AdvantageFn,
+    Advantages,
+    group_advantages,
+    group_stats,
+)
 from grpo.advantages import RunningMeanStd
 from grpo.aggregation import aggregate, aggregation_normaliser
+from grpo.backends import Backend, OptimizerStepResult
 from grpo.callbacks import Callback, EarlyStopping
 from grpo.checkpoint import CheckpointError, find_latest_checkpoint
 from grpo.config import GRPOConfig
@@ -52,6 +59,8 @@ __all__ = [
     "RECIPES",
     "AdvantageEstimator",
     "AdvantageFn",
+    "Advantages",
+    "Backend",
     "CSVSink",
     "Callback",
     "CheckpointError",
@@ -70,6 +79,7 @@ __all__ = [
     "LoggingSink",
     "MetricSink",
     "ObjectiveOutput",
+    "OptimizerStepResult",
     "PolicyLoss",
     "PolicyLossFn",
     "PolicyModel",

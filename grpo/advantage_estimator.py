@@ -307,3 +307,74 @@ class AdvantageEstimator:
             rs = RunningMeanStd()
             rs.load_state_dict(fields)
             self.running[name] = rs
+
+
+class Advantages(NamedTuple):
+    """One step's advantages and their statistics (what `GRPOTrainer.advantages` returns).
+
+    ``values`` (N,) or (N, T) float32; ``keep`` (N,) bool, the rows that enter the loss (None =
+    all); ``names`` / ``stats`` (len(names),) float32: reward and advantage metrics
+    (`grpo.metrics`), one vector so that they reach the host in one copy.
+    """
+
+    values: Tensor
+    keep: Tensor | None
+    names: tuple[str, ...]
+    stats: Tensor
+
+    def metrics(self) -> dict[str, float]:
+        """The statistics as floats by name."""
+        return dict(zip(self.names, self.stats.tolist(), strict=True))
+
+
+_REWARD_METRICS = (
+    "reward/mean", "reward/std", "reward/min", "reward/max",
+    "advantage/mean", "advantage/std", "advantage/min", "advantage/max",
+)  # fmt: skip
+
+
+def with_statistics(
+    result: AdvantageResult,
+    rewards: Tensor,
+    group_ids: Tensor,
+    num_groups: int,
+    group_size: int | None,
+    components: Mapping[str, Tensor],
+    dropped_groups: int | None,
+) -> Advantages:
+    """`Advantages` of ``result`` with the step's reward and advantage statistics: mean, std
+    (unbiased; 0 for one sample), min and max of the N rewards and of the advantages (all (N, T)
+    entries when per step), ``reward/frac_zero_std`` (groups whose rewards are all equal), each
+    component's mean, the estimator's own statistics, and ``reward/dropped_groups`` when
+    ``dropped_groups`` is not None."""
+    r, adv = rewards, result.advantages
+    if group_size is not None and r.numel() == num_groups * group_size:  # uniform: a (B, G) view
+        lo, hi = torch.aminmax(r.view(num_groups, group_size), dim=1)
+        zero_std = lo == hi
+    else:
+        zero_std = group_stats(r, group_ids, num_groups).zero_std
+    if adv.shape == r.shape:  # rows of one (2, N) tensor: a few ops for both
+        both = torch.stack([r, adv.to(r.dtype)])
+        if r.numel() > 1:
+            std, mean = torch.std_mean(both, 1)
+        else:
+            std, mean = both.new_zeros(2), both[:, 0]
+        mn, mx = torch.aminmax(both, dim=1)
+        parts = [torch.stack([mean, std, mn, mx], 1).view(-1)]  # reward row, then advantage row
+    else:
+        r_std = r.std() if r.numel() > 1 else r.new_zeros(())
+        a_std = adv.std() if adv.numel() > 1 else adv.new_zeros(())
+        parts = [torch.stack([r.mean(), r_std, r.min(), r.max(), adv.mean(), a_std, adv.min(), adv.max()])]
+    names = [*_REWARD_METRICS, "reward/frac_zero_std"]
+    extra = [zero_std.float().mean()]
+    for name, comp in components.items():
+        names.append(f"reward/{name}/mean")
+        extra.append(comp.mean())
+    for name, value in result.stats.items():
+        names.append(name)
+        extra.append(value)
+    if dropped_groups is not None:
+        names.append("reward/dropped_groups")
+        extra.append(torch.full((), float(dropped_groups), device=r.device))
+    parts.append(torch.stack([e.float() for e in extra]))
+    return Advantages(adv, result.keep, tuple(names), torch.cat([p.float() for p in parts]))

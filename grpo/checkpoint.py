@@ -46,14 +46,11 @@ import tempfile
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
-from torch import Tensor, nn
-
-if TYPE_CHECKING:
-    from grpo.trainer import GRPOTrainer
+from torch import Tensor
 
 __all__ = [
     "CheckpointError",
@@ -76,19 +73,15 @@ POLICY_FILE = "policy.safetensors"
 REFERENCE_FILE = "reference.safetensors"
 STATE_FILE = "state.safetensors"
 
-# Trainer attributes with their own slot in the checkpoint (never auto-discovered as components).
-_OWN_SLOTS = frozenset(
-    {
-        "policy",
-        "reference_policy",
-        "reward_model",
-        "optimizer",
-        "scheduler",
-        "config",
-        "collector",
-        "objective",
-    }
-)
+
+class Restorable(Protocol):
+    """What `load_checkpoint` needs of a trainer (`grpo.trainer.GRPOTrainer` has it)."""
+
+    config: Any
+
+    def load_state_dict(self, state: Any, *, source: str = ...) -> None: ...
+
+    def stateful_components(self) -> dict[str, Any]: ...
 
 
 class CheckpointError(RuntimeError):
@@ -263,9 +256,10 @@ def load_policy_state(policy: object, tensors: Mapping[str, Tensor], role: str =
 
 
 # ---- RNG streams ---------------------------------------------------------------------------------
-def _rng_state(trainer: GRPOTrainer) -> dict[str, Any]:
+def _rng_state() -> dict[str, Any]:
+    """The process-global RNG streams (Python, NumPy, torch CPU and CUDA)."""
     np_state = np.random.get_state(legacy=False)
-    state: dict[str, Any] = {
+    return {
         "python": random.getstate(),
         "numpy": {
             "bit_generator": np_state["bit_generator"],
@@ -276,12 +270,10 @@ def _rng_state(trainer: GRPOTrainer) -> dict[str, Any]:
         },
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        "generators": {k: v.get_state() for k, v in vars(trainer).items() if isinstance(v, torch.Generator)},
     }
-    return state
 
 
-def _set_rng_state(trainer: GRPOTrainer, state: Mapping[str, Any]) -> None:
+def _set_rng_state(state: Mapping[str, Any]) -> None:
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     n = state["numpy"]
@@ -306,44 +298,6 @@ def _set_rng_state(trainer: GRPOTrainer, state: Mapping[str, Any]) -> None:
                 RuntimeWarning,
                 stacklevel=4,
             )
-    gens = {k: v for k, v in vars(trainer).items() if isinstance(v, torch.Generator)}
-    for k, s in state.get("generators", {}).items():
-        if k not in gens:
-            raise CheckpointError(f"the checkpoint has RNG stream trainer.{k} but this trainer has none")
-        gens[k].set_state(s)
-
-
-# ---- the trainer's state ---------------------------------------------------------------------
-def stateful_components(trainer: GRPOTrainer) -> dict[str, Any]:
-    """Named objects with ``state_dict()`` / ``load_state_dict()`` saved besides the models:
-    those registered with `GRPOTrainer.register_checkpoint_state`, and every other trainer attribute
-    that has both methods (e.g. running advantage statistics)."""
-    found: dict[str, Any] = {}
-    for k, v in vars(trainer).items():
-        if k in _OWN_SLOTS or k.startswith("_") or isinstance(v, (nn.Module, torch.optim.Optimizer)):
-            continue
-        if _has_state_dict(v):
-            found[k] = v
-    found.update(getattr(trainer, "_checkpoint_components", {}))
-    return found
-
-
-def _scalars(trainer: GRPOTrainer) -> dict[str, Any]:
-    """Public counters of the trainer (int / float / bool attributes, e.g. ``step_count``,
-    ``non_finite_steps``). Private flags derived from the objects (``_exact_entropy``...) are not
-    saved: the trainer that loads recomputes them from its own objects."""
-    return {k: v for k, v in vars(trainer).items() if type(v) in (int, float, bool) and not k.startswith("_")}
-
-
-def _trainer_tree(trainer: GRPOTrainer) -> dict[str, Any]:
-    opt = trainer.optimizer
-    sched = trainer.scheduler
-    return {
-        "optimizer": None if opt is None else opt.state_dict(),
-        "scheduler": None if sched is None else sched.state_dict(),
-        "rng": _rng_state(trainer),
-        "components": {k: v.state_dict() for k, v in stateful_components(trainer).items()},
-    }
 
 
 def _fsync_file(path: Path) -> None:
@@ -443,46 +397,57 @@ def _clean_temps(root: Path) -> None:
 
 
 def save_checkpoint(
-    trainer: GRPOTrainer, root: str | os.PathLike[str], *, keep_last: int | None = None
+    state: Mapping[str, Any],
+    config: Mapping[str, Any],
+    root: str | os.PathLike[str],
+    *,
+    keep_last: int | None = None,
 ) -> Path:
-    """Write ``<root>/step-<trainer.step_count>/`` atomically, update ``latest``, keep the last K.
-
-    Returns the path of the new checkpoint. ``keep_last=None`` keeps every checkpoint.
-    """
+    """Write a trainer's ``state`` (`grpo.trainer_state`) and ``config`` (``GRPOConfig.to_dict()``)
+    to ``<root>/step-<step_count>/`` atomically with the process-global RNG streams, update
+    ``latest``, keep the last K. Returns the path of the new checkpoint. ``keep_last=None`` keeps
+    every checkpoint."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     _clean_temps(root)
-    name = f"{PREFIX}{trainer.step_count:08d}"
+    step = int(state["step_count"])
+    name = f"{PREFIX}{step:08d}"
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{name}-", dir=root))
 
     files: dict[str, int] = {}
     pol = _TensorTable()
-    for k, v in policy_state(trainer.policy).items():
+    for k, v in state["policy"].items():
         pol.add(k, v)
     _write_tensors(tmp / POLICY_FILE, pol)
     files[POLICY_FILE] = (tmp / POLICY_FILE).stat().st_size
     ref_aliases: dict[str, str] | None = None
-    if trainer.reference_policy is not None:
+    if state["reference_policy"] is not None:
         ref = _TensorTable()
-        for k, v in policy_state(trainer.reference_policy, "reference_policy").items():
+        for k, v in state["reference_policy"].items():
             ref.add(k, v)
         _write_tensors(tmp / REFERENCE_FILE, ref)
         files[REFERENCE_FILE] = (tmp / REFERENCE_FILE).stat().st_size
         ref_aliases = ref.aliases
 
     table = _TensorTable()
-    tree = _encode(_trainer_tree(trainer), table, "state")
+    rest = {
+        "optimizer": state["optimizer"],
+        "scheduler": state["scheduler"],
+        "rng": {**_rng_state(), "generators": {"_generator": state["generator"]}},
+        "components": state["components"],
+    }
+    tree = _encode(rest, table, "state")
     _write_tensors(tmp / STATE_FILE, table)
     files[STATE_FILE] = (tmp / STATE_FILE).stat().st_size
 
     meta = {
         "format": FORMAT,
         "version": VERSION,
-        "step": trainer.step_count,
+        "step": step,
         "torch_version": torch.__version__,
-        "config": _encode(trainer.config.to_dict(), _TensorTable(), "config"),
-        "scalars": _scalars(trainer),
-        "policy": {"type": type(trainer.policy).__name__, "aliases": pol.aliases},
+        "config": _encode(dict(config), _TensorTable(), "config"),
+        "scalars": {"step_count": step, "non_finite_steps": int(state["non_finite_steps"])},
+        "policy": {"aliases": pol.aliases},
         "reference": None if ref_aliases is None else {"aliases": ref_aliases},
         "state_aliases": table.aliases,
         "tree": tree,
@@ -533,10 +498,12 @@ def read_checkpoint_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     return config
 
 
-def load_checkpoint(trainer: GRPOTrainer, path: str | os.PathLike[str]) -> Path:
+def load_checkpoint(trainer: Restorable, path: str | os.PathLike[str]) -> Path:
     """Restore ``trainer`` from the checkpoint at ``path`` (a root: its newest complete checkpoint).
 
-    Everything is read and checked before anything of the trainer changes.
+    Everything is read into the trainer's state dict (`grpo.trainer_state`) and checked by
+    ``trainer.load_state_dict`` before anything of the trainer changes; then the process-global
+    RNG streams are restored.
     """
     ckpt = _resolve(path)
     meta = json.loads((ckpt / STATE_JSON).read_text(encoding="utf-8"))
@@ -550,33 +517,22 @@ def load_checkpoint(trainer: GRPOTrainer, path: str | os.PathLike[str]) -> Path:
             ref_t[k] = ref_t[v]
     state_t = _load_tensors(ckpt / STATE_FILE)
     tree = _decode(meta["tree"], state_t, meta.get("state_aliases", {}))
-
-    # ---- check that the checkpoint fits this trainer, before changing anything ----
-    if (ref_t is None) != (trainer.reference_policy is None):
-        raise CheckpointError(
-            f"the checkpoint {'has' if ref_t is not None else 'has no'} reference policy but this trainer "
-            f"{'has one' if trainer.reference_policy is not None else 'has none'}; use the same kl_coeff "
-            f"(> 0 builds a reference) as the run that saved {ckpt}."
-        )
-    if (tree["optimizer"] is None) != (trainer.optimizer is None):
-        raise CheckpointError(
-            f"the checkpoint {'has' if tree['optimizer'] is not None else 'has no'} optimizer state but this "
-            f"trainer {'has an optimizer' if trainer.optimizer is not None else 'has none'}."
-        )
-    if (tree["scheduler"] is None) != (trainer.scheduler is None):
-        raise CheckpointError(
-            f"the checkpoint {'has' if tree['scheduler'] is not None else 'has no'} LR scheduler state but "
-            f"trainer.scheduler is {type(trainer.scheduler).__name__}; configure the same schedule."
-        )
-    comps = stateful_components(trainer)
-    if set(comps) != set(tree["components"]):
-        raise CheckpointError(
-            f"the checkpoint holds stateful components {sorted(tree['components'])} but this trainer has "
-            f"{sorted(comps)}; register the same ones (GRPOTrainer.register_checkpoint_state)."
-        )
+    scalars = meta["scalars"]
+    rng = tree["rng"]
+    state = {
+        "step_count": scalars.get("step_count"),
+        "non_finite_steps": scalars.get("non_finite_steps", 0),
+        "policy": policy_t,
+        "reference_policy": ref_t,
+        "optimizer": tree["optimizer"],
+        "scheduler": tree["scheduler"],
+        "generator": rng.get("generators", {}).get("_generator"),
+        "components": tree["components"],
+    }
     saved_cfg = meta["config"]
     now_cfg = _encode(trainer.config.to_dict(), _TensorTable(), "config")
     differ = sorted(k for k in set(saved_cfg) | set(now_cfg) if saved_cfg.get(k) != now_cfg.get(k))
+    trainer.load_state_dict(state, source=str(ckpt))
     if differ:
         warnings.warn(
             f"loading {ckpt} into a trainer whose config differs in {differ} "
@@ -585,19 +541,5 @@ def load_checkpoint(trainer: GRPOTrainer, path: str | os.PathLike[str]) -> Path:
             UserWarning,
             stacklevel=3,
         )
-
-    # ---- restore ----
-    load_policy_state(trainer.policy, policy_t)
-    if ref_t is not None:
-        load_policy_state(trainer.reference_policy, ref_t, "reference_policy")
-    if trainer.optimizer is not None:
-        trainer.optimizer.load_state_dict(tree["optimizer"])
-    if trainer.scheduler is not None:
-        trainer.scheduler.load_state_dict(tree["scheduler"])
-    for k, obj in comps.items():
-        obj.load_state_dict(tree["components"][k])
-    for k, v in meta["scalars"].items():
-        if hasattr(trainer, k):
-            setattr(trainer, k, v)
-    _set_rng_state(trainer, tree["rng"])
+    _set_rng_state(rng)
     return ckpt

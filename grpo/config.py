@@ -18,10 +18,11 @@ from grpo.advantages import (
     AdvantageScale,
     RewardCombination,
 )
+from grpo.aggregation import AGGREGATIONS, Aggregation
 from grpo.distributed import DISTRIBUTED_MODES, DistributedMode
-from grpo.grpo_objective import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, Aggregation, KLEstimator
+from grpo.kl import KL_ESTIMATORS, KLEstimator
 from grpo.lr_schedules import LR_SCHEDULES, LRScheduleName
-from grpo.policy_losses import PolicyLossName
+from grpo.policy_losses import POLICY_LOSSES, PolicyLossName
 
 KLPenalty = Literal["loss", "reward"]
 KL_PENALTIES: tuple[str, ...] = ("loss", "reward")
@@ -371,6 +372,14 @@ class GRPOConfig:
             "DeepSpeed JSON config."
         ),
     )
+    fsdp: bool = field(
+        default=False,
+        metadata=_help(
+            "Shard the policy's weights, gradients and optimizer state over the torchrun processes "
+            "with PyTorch FSDP2 (torch.distributed.fsdp.fully_shard); nn.Module policies only "
+            "(the Hugging Face causal-LM policy included). See docs/scaling.md."
+        ),
+    )
 
     @classmethod
     def recipe(cls, name: str, **overrides: Any) -> GRPOConfig:
@@ -501,6 +510,8 @@ class GRPOConfig:
         check_int("checkpoint_keep_last", 1, optional=True)
         if self.distributed not in DISTRIBUTED_MODES:
             raise bad("distributed", f"choose one of {DISTRIBUTED_MODES}")
+        if not isinstance(self.fsdp, bool):
+            raise bad("fsdp", "expected True or False")
         if not isinstance(self.deepspeed, str) or not self.deepspeed:
             raise bad("deepspeed", "expected 'auto', 'off' or the path of a DeepSpeed JSON config")
 

@@ -59,6 +59,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from grpo.backends import OptimizerStepResult
+from grpo.distributed import DistributedSync
+from grpo.metrics import StepCounts, reduce_across_ranks
+
 __all__ = [
     "DeepSpeedBackend",
     "copy_partitioned_weights",
@@ -417,8 +421,14 @@ class DeepSpeedBackend:
         max_grad_norm: float | None,
         world_size: int,
         device: torch.device,
+        scheduler: Any = None,
+        sync: DistributedSync | None = None,
     ) -> None:
         deepspeed = _import_deepspeed()
+        self.scheduler = scheduler
+        self.sync = sync
+        self._loss: Tensor | None = None  # the optimizer step's loss so far (this rank)
+        self._step_loss = math.nan  # the global loss of the last optimizer step
         module = training_module(policy)
         trainable = {id(p) for p in module.parameters() if p.requires_grad}
         if trainable != {id(p) for p in params}:
@@ -448,8 +458,59 @@ class DeepSpeedBackend:
                 bool((self.config.get("bf16") or {}).get("enabled")),
             )
 
-    def backward(self, loss: Tensor, *, boundary: bool, poison: bool = False) -> None:
-        """Backward of one micro-batch's ``loss`` (this rank's share of the global mean).
+    # ---- the Backend protocol (grpo.backends) ----------------------------------------------------
+    rescales_gradients = False  # DeepSpeed reduces (and partitions) gradients in its backward
+    supports_rollback = False  # the optimizer state is partitioned over the processes
+
+    def global_sum(self, value: Tensor) -> Tensor:
+        return value.detach().clone() if self.sync is None else self.sync.all_reduce_sum(value)
+
+    def backward(self, loss: Tensor, *, last: bool) -> None:
+        """Backward of one micro-batch's ``loss`` (this rank's share of the global mean). At the
+        last micro-batch of the optimizer step, first decide on the step's global loss (one
+        all-reduce): a non-finite one poisons the gradients so that DeepSpeed skips the step."""
+        self._loss = loss.detach() if self._loss is None else self._loss + loss.detach()
+        poison = False
+        if last:
+            total = self.global_sum(self._loss.reshape(1)).reshape(())
+            self._step_loss = float(total)
+            poison = not math.isfinite(self._step_loss)
+            self._loss = None
+        self._backward(loss, boundary=last, poison=poison)
+
+    def rescale_gradients(self, divisor: Tensor) -> None:
+        raise NotImplementedError(
+            "DeepSpeed reduces gradients in its backward; the plan never defers the normaliser."
+        )
+
+    def optimizer_step(self) -> OptimizerStepResult:
+        norm, applied = self.step()
+        if applied and self.scheduler is not None:
+            self.scheduler.step()
+        return OptimizerStepResult(norm, self._step_loss, applied)
+
+    def reduce_metrics(self, metrics: Mapping[str, float], counts: StepCounts) -> dict[str, float]:
+        if self.sync is None:
+            return dict(metrics)
+        return reduce_across_ranks(metrics, counts, self.sync.all_gather)
+
+    def check_same_optimizer_steps(self, num_groups: int, mini_batch_size: int) -> None:
+        if self.sync is not None:
+            self.sync.check_same_optimizer_steps(num_groups, mini_batch_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError(
+            "the optimizer state is partitioned by DeepSpeed; trainer checkpoints are refused."
+        )
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        raise NotImplementedError(
+            "the optimizer state is partitioned by DeepSpeed; trainer checkpoints are refused."
+        )
+
+    # ---- the engine ------------------------------------------------------------------------------
+    def _backward(self, loss: Tensor, *, boundary: bool, poison: bool = False) -> None:
+        """``engine.backward`` of one micro-batch's ``loss``.
 
         ``boundary``: the last micro-batch of the optimizer step (DeepSpeed reduces then).
         ``poison``: the step's global loss is not finite; make the gradients non-finite too, so
@@ -504,4 +565,5 @@ class DeepSpeedBackend:
 
     def zero_grad(self) -> None:
         """Clear the module's gradients (DeepSpeed clears its own buffers after each step)."""
+        self._loss = None
         self.engine.zero_grad()

@@ -27,8 +27,9 @@ its own shard of the states. The trainer then:
   every rank stays None (the optimizer skips it, as on one process);
 * clips and decides to skip a non-finite step on the reduced gradient, identical on every rank,
   so all ranks take the same decision;
-* reduces the step's metrics across ranks (means weighted by samples / groups / valid steps, stds
-  pooled, min/max by min/max, losses summed, times by max) in one collective.
+* reduces the step's metrics across ranks in one collective, each by the reduction it declares
+  in `grpo.metrics` (means weighted by samples / groups / valid steps, stds pooled, min/max by
+  min/max, losses summed, times by max).
 
 Every rank runs the same sequence of collectives whatever its data (no collective is skipped on
 local information: a rank whose groups all have zero reward variance still sends zero gradients),
@@ -51,7 +52,7 @@ import logging
 import os
 import random
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -413,76 +414,15 @@ class DistributedSync:
                 f"grpo.distributed.shard(states) on a global batch divisible by the world size."
             )
 
-    # ---- metrics ------------------------------------------------------------------------------
-    def reduce_metrics(
-        self, metrics: Mapping[str, float], *, samples: int, groups: int, valid_steps: float
-    ) -> dict[str, float]:
-        """The global value of each metric, from every rank's local values (one all-gather).
-
-        Rules (by name): ``*/min`` min, ``*/max`` max; ``loss/*`` sum (each rank's loss is its share
-        of the global normaliser); ``reward/std`` and ``advantage/std`` pooled with their means;
-        ``reward/*mean``, ``advantage/mean`` weighted by samples; ``reward/frac_zero_std`` by
-        groups; ``policy/entropy``, ``kl/*``, ``clip/*``, ``ratio/mean`` by valid steps;
-        ``time/*`` max (the slowest rank); anything else the plain mean over ranks. Identical on
-        every rank.
-        """
-        names = list(metrics)
-        key = float(zlib.crc32("\n".join(names).encode()))
-        local = torch.tensor(
-            [key, float(samples), float(groups), float(valid_steps), *(float(metrics[k]) for k in names)],
-            dtype=torch.float64,
-            device=self.device,
-        )
-        every = self._all_gather(local).cpu()  # (W, 4 + K)
-        if not bool((every[:, 0] == key).all()):
-            raise RuntimeError(
-                "the processes returned different metric names this step, so their metrics cannot "
-                "be combined; every rank must use the same reward model and config."
-            )
-        n, g, s = every[:, 1], every[:, 2], every[:, 3]
-        cols = {k: every[:, 4 + i] for i, k in enumerate(names)}
-        out: dict[str, float] = {}
-        for k in names:
-            out[k] = float(_reduce_one(k, cols, n, g, s))
-        return out
-
-    def _all_gather(self, t: Tensor) -> Tensor:
+    def all_gather(self, t: Tensor) -> Tensor:
+        """Every rank's ``t`` stacked: ``(world_size, *t.shape)`` (on ``t``'s device: move it to
+        this process's device first under NCCL)."""
+        t = t.to(self.device)
         parts = [torch.empty_like(t) for _ in range(self.world_size)]
         torch.distributed.all_gather(parts, t.contiguous())
         return torch.stack(parts)
 
-
-def _weighted(v: Tensor, w: Tensor) -> Tensor:
-    total = w.sum()
-    return (v * w).sum() / total if float(total) > 0 else v.mean()
-
-
-def _reduce_one(k: str, cols: Mapping[str, Tensor], n: Tensor, g: Tensor, s: Tensor) -> Tensor:
-    v = cols[k]
-    if k.endswith("/min"):
-        return v.min()
-    if k.endswith("/max"):
-        return v.max()
-    if k.startswith("loss/"):
-        return v.sum()
-    if k.startswith("time/"):
-        return v.max()
-    if k in ("reward/std", "advantage/std"):
-        mean_key = k[: -len("std")] + "mean"
-        if mean_key not in cols:
-            return v.mean()
-        m = cols[mean_key]
-        total = n.sum()
-        mean = (n * m).sum() / total
-        ss = ((n - 1).clamp(min=0) * v * v + n * (m - mean) ** 2).sum()
-        return (ss / (total - 1)).clamp(min=0).sqrt() if float(total) > 1 else torch.zeros(())
-    if k == "reward/frac_zero_std":
-        return _weighted(v, g)
-    if k.startswith(("reward/", "advantage/")) and k.endswith("mean"):
-        return _weighted(v, n)
-    if k == "policy/entropy" or k == "ratio/mean" or k.startswith(("kl/", "clip/")):
-        return _weighted(v, s)
-    return v.mean()
+    _all_gather = all_gather
 
 
 def _buckets(params: Iterable[Tensor]) -> list[list[Tensor]]:

@@ -16,9 +16,10 @@ log-probs — ``(N,)``, ``(N, T)`` or a `PolicyOutput` — become ``(N, T)`` + a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +54,7 @@ class LogProbs:
 
 @dataclass
 class ExperienceBatch:
-    """One step's experience, flat and group-major.
+    """One step's experience, flat and group-major; nothing changes it after collection.
 
     Attributes:
         states: the B states as given (list or Tensor (B, ...)).
@@ -70,9 +71,10 @@ class ExperienceBatch:
             (``generate_actions_with_log_probs``), kept apart from ``old_log_probs`` when the
             trainer corrects a sampler/trainer mismatch (``GRPOConfig.sampler_is_cap``).
         mask: (N, T) bool, True for real steps (None until a log-prob call has revealed T).
-        advantages: (N,) float32, filled by the trainer.
-        loss_rows: (N,) bool, the rows that enter the loss (None = all); filled with the
-            advantages when zero-variance groups are dropped (``drop_zero_variance_groups``).
+        advantages: deprecated, None: advantages are returned by `GRPOTrainer.advantages`
+            (`grpo.advantage_estimator.Advantages`), not written into the batch; only the
+            deprecated `GRPOTrainer.compute_advantages` still fills this field.
+        loss_rows: deprecated, None; like ``advantages`` (``Advantages.keep`` now).
         timings: seconds spent in ``generate``, ``score`` and ``logprobs``.
         dropped_groups: groups left out because a reward was invalid
             (``invalid_rewards="drop_groups"``); ``states`` holds only the kept ones.
@@ -98,9 +100,96 @@ class ExperienceBatch:
     def num_samples(self) -> int:
         return int(self.group_ids.shape[0])
 
+    @classmethod
+    def from_groups(
+        cls,
+        states: Any,
+        actions: Any,
+        rewards: Any,
+        *,
+        old_log_probs: Tensor | None = None,
+        mask: Tensor | None = None,
+        device: str | torch.device = "cpu",
+    ) -> ExperienceBatch:
+        """A batch of groups gathered elsewhere (logs, a real robot, another sampler), checked as
+        `ExperienceCollector.collect` checks what a policy and a reward return.
+
+        Args:
+            states: B states (a sequence, or a Tensor (B, ...)).
+            actions: B groups: a list of B lists of actions (groups may differ in size), or a
+                Tensor (B, G, ...).
+            rewards: N = sum of group sizes rewards, flat and group-major (Tensor, array or
+                list), or a (B, G) Tensor / array.
+            old_log_probs: the behaviour log-probs (N,) or (N, T) of the actions under the
+                policy that chose them, if known. Without them `GRPOTrainer.train_on_batch`
+                takes the current policy as the behaviour policy (exact for on-policy data).
+            mask: (N, T) bool, True for real steps of ``old_log_probs`` (None = all real).
+            device: where the batch's tensors go (the trainer's device).
+        """
+        device = torch.device(device)
+        where = "ExperienceBatch.from_groups"
+        if isinstance(states, Tensor):
+            if states.dim() == 0 or states.shape[0] == 0:
+                raise ValueError(
+                    f"{where}: states is a Tensor of shape {tuple(states.shape)}; expected (B, ...)."
+                )
+            states = states.to(device)
+        elif isinstance(states, (str, bytes)) or not isinstance(states, Sequence) or len(states) == 0:
+            raise TypeError(f"{where}: states must be a non-empty sequence of B states or a Tensor (B, ...).")
+        b = len(states)
+        sizes, flat_actions, g = _group_sizes(actions, b, where, device)
+        group_ids = torch.repeat_interleave(
+            torch.arange(b, device=device), torch.tensor(sizes, device=device)
+        )
+        n = int(group_ids.shape[0])
+        if isinstance(states, Tensor):
+            flat_states: Any = states.repeat_interleave(torch.tensor(sizes, device=device), 0)
+        else:
+            flat_states = [s for s, k in zip(states, sizes, strict=True) for _ in range(k)]
+        if isinstance(rewards, (Tensor, np.ndarray)) and rewards.ndim == 2:
+            rewards = rewards.reshape(-1)
+        r = to_reward_tensor(rewards, n, f"{where} rewards", device)
+        old = None
+        if old_log_probs is not None:
+            given = PolicyOutput(old_log_probs.detach(), mask) if mask is not None else old_log_probs.detach()
+            lp = _normalise(given, n, f"{where} old_log_probs", device)
+            old, mask = lp.log_probs, lp.mask
+        elif mask is not None:
+            raise ValueError(
+                f"{where}: a mask was given without old_log_probs; the mask describes their steps."
+            )
+        return cls(
+            states=states, flat_states=flat_states, actions=flat_actions, group_ids=group_ids,
+            group_size=g, rewards=r, old_log_probs=old, mask=mask,
+        )  # fmt: skip
+
     @property
     def num_groups(self) -> int:
         return len(self.states)
+
+
+def _group_sizes(actions: Any, b: int, where: str, device: torch.device) -> tuple[list[int], Any, int | None]:
+    """Sizes of the B groups of ``actions``, the flat actions, and G when every group has G."""
+    if isinstance(actions, Tensor):
+        if actions.dim() < 2 or actions.shape[0] != b:
+            raise ValueError(f"{where}: actions has shape {tuple(actions.shape)}; expected ({b}, G, ...).")
+        g = int(actions.shape[1])
+        if g == 0:
+            raise ValueError(f"{where}: actions has empty groups (shape {tuple(actions.shape)}).")
+        return [g] * b, actions.flatten(0, 1).to(device), g
+    if isinstance(actions, (str, bytes)) or not isinstance(actions, Sequence) or len(actions) != b:
+        got = len(actions) if isinstance(actions, Sequence) else type(actions).__name__
+        raise ValueError(f"{where}: actions must be {b} groups (one list of actions per state), got {got}.")
+    bad = [
+        i
+        for i, a in enumerate(actions)
+        if isinstance(a, (str, bytes)) or not isinstance(a, Sequence) or not a
+    ]
+    if bad:
+        raise ValueError(f"{where}: the groups at {bad[:10]} are not non-empty lists of actions.")
+    sizes = [len(a) for a in actions]
+    uniform = sizes[0] if len(set(sizes)) == 1 else None
+    return sizes, [x for a in actions for x in a], uniform
 
 
 def select_rows(items: Any, rows: Tensor | None) -> Any:
@@ -497,16 +586,39 @@ class ExperienceCollector:
             rows,
         )
 
+    def complete(self, batch: ExperienceBatch, *, old: bool) -> ExperienceBatch:
+        """``batch`` with what an update needs and it lacks, computed now without gradient:
+        reference log-probs when there is a reference policy, and (``old=True``) the current
+        policy's log-probs as the behaviour log-probs. ``batch`` itself is not changed."""
+        need_ref = self.reference_policy is not None and batch.ref_log_probs is None
+        if not (need_ref or old):
+            return batch
+        changes: dict[str, Any] = {}
+        with torch.no_grad():
+            if old:
+                set_training_mode(self.policy, False)
+                lp = evaluate_log_probs(self.policy, batch, device=self.device)
+                changes.update(old_log_probs=lp.log_probs.detach(), mask=lp.mask)
+            if need_ref:
+                assert self.reference_policy is not None
+                set_training_mode(self.reference_policy, False)
+                ref = evaluate_log_probs(self.reference_policy, batch, device=self.device)
+                changes["ref_log_probs"] = ref.log_probs.detach()
+                if batch.mask is None and "mask" not in changes:
+                    changes["mask"] = ref.mask
+        return dataclasses.replace(batch, **changes)
+
     def collect(self, states: Any, **generate_kwargs: Any) -> ExperienceBatch:
         """Sample G actions per state, score them, and record old/ref log-probs (no gradient)."""
         return self.collect_for_update(states, generate_kwargs)
 
     def collect_for_update(
-        self, states: Any, generate_kwargs: dict[str, Any], *, defer_old_up_to: int = 0
+        self, states: Any, generate_kwargs: dict[str, Any], *, record_old: Callable[[int], bool] | None = None
     ) -> ExperienceBatch:
-        """`collect`, leaving ``old_log_probs`` None when there are at most ``defer_old_up_to``
-        states: the trainer then takes the behaviour log-probs from the first forward of its update
-        (one optimizer step per epoch: nothing has changed before it), saving a policy forward."""
+        """`collect`, recording ``old_log_probs`` (and so the mask) only when ``record_old(B)``
+        says the update of B states needs them before its forwards (`grpo.update_plan`); None =
+        ``record_old_log_probs``. Otherwise they come from the update's first forwards, saving a
+        policy forward."""
         if isinstance(states, Tensor):
             if states.dim() == 0 or states.shape[0] == 0:
                 raise ValueError(
@@ -523,14 +635,14 @@ class ExperienceCollector:
         elif len(states) == 0:
             raise ValueError("states is empty; step() needs at least one state.")
         num_states = len(states)
-        record_old = self.record_old_log_probs and num_states > defer_old_up_to
+        record = self.record_old_log_probs if record_old is None else record_old(num_states)
         timings: dict[str, float] = {}
         with torch.no_grad():
             t0 = time.perf_counter()
             set_training_mode(self.policy, False)
             behaviour: Tensor | PolicyOutput | None = None
             sampler = self.record_sampler_log_probs
-            if (record_old or sampler) and has_method(self.policy, "generate_actions_with_log_probs"):
+            if (record or sampler) and has_method(self.policy, "generate_actions_with_log_probs"):
                 raw_actions, behaviour = self.policy.generate_actions_with_log_probs(  # type: ignore[attr-defined]
                     states, self.group_size, **generate_kwargs
                 )
@@ -574,7 +686,7 @@ class ExperienceCollector:
                     f"sampler/trainer mismatch (sampler_is_cap): the policy must report the sampler's "
                     f"log-probs of its actions."
                 )
-            if record_old:
+            if record:
                 if reported is not None and not sampler:
                     old = reported  # the sampler's log-probs are the behaviour log-probs
                 else:

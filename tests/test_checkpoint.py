@@ -60,19 +60,23 @@ class RunningStats:
 
 def test_roundtrip_restores_every_piece_of_state(tmp_path: Path) -> None:
     t1 = make_trainer()
-    t1.advantage_stats = RunningStats()  # type: ignore[attr-defined]  # auto-discovered attribute
+    t1.advantage_stats = RunningStats()  # type: ignore[attr-defined]
+    t1.register_checkpoint_state("advantage_stats", t1.advantage_stats)  # type: ignore[attr-defined]
+    t1.unregistered = RunningStats()  # type: ignore[attr-defined]  # never saved: no reflection
     sampler = RunningStats()
     t1.register_checkpoint_state("sampler", sampler)
     for _ in range(3):
         train_step(t1)
         t1.advantage_stats.update(torch.randn(3))  # type: ignore[attr-defined]
         sampler.update(torch.randn(3))
+    t1.unregistered.update(torch.randn(3))  # type: ignore[attr-defined]
     t1.non_finite_steps = 2
     t1.save_checkpoint(tmp_path)
     rng = (torch.get_rng_state(), t1._generator.get_state())
 
     t2 = GRPOTrainer(make_config(), make_policy(seed=5), bandit_reward)
     t2.advantage_stats = RunningStats()  # type: ignore[attr-defined]
+    t2.register_checkpoint_state("advantage_stats", t2.advantage_stats)  # type: ignore[attr-defined]
     sampler2 = RunningStats()
     t2.register_checkpoint_state("sampler", sampler2)
     torch.manual_seed(999)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from grpo import GRPOConfig
-from grpo.distributed import _reduce_one, get_rank, get_world_size, init_from_env, is_main_process, shard
+from grpo.distributed import get_rank, get_world_size, init_from_env, is_main_process, shard
 from tests.distributed_toys import (
     LOCAL_B,
     SCENARIOS,
@@ -227,24 +227,6 @@ def test_config_distributed_mode_is_validated() -> None:
     assert GRPOConfig(distributed="off").distributed == "off"
     with pytest.raises(ValueError, match=r"distributed='ddp' is not allowed: choose one of \('auto', 'off'"):
         GRPOConfig(distributed="ddp")  # type: ignore[arg-type]
-
-
-def test_pooled_std_and_weighted_means_equal_the_concatenated_batch() -> None:
-    gen = torch.Generator().manual_seed(0)
-    parts = [torch.randn(n, generator=gen, dtype=torch.float64) * (1 + n) for n in (3, 8, 1)]
-    cols = {
-        "reward/mean": torch.stack([p.mean() for p in parts]),
-        "reward/std": torch.stack([p.std() if p.numel() > 1 else p.new_zeros(()) for p in parts]),
-        "reward/max": torch.stack([p.max() for p in parts]),
-        "loss/total": torch.tensor([0.25, 0.5, 0.125], dtype=torch.float64),
-    }
-    n = torch.tensor([3.0, 8.0, 1.0], dtype=torch.float64)
-    every = torch.cat(parts)
-    ones = torch.ones(3, dtype=torch.float64)
-    assert _reduce_one("reward/mean", cols, n, ones, ones).item() == pytest.approx(every.mean().item())
-    assert _reduce_one("reward/std", cols, n, ones, ones).item() == pytest.approx(every.std().item())
-    assert _reduce_one("reward/max", cols, n, ones, ones).item() == every.max().item()
-    assert _reduce_one("loss/total", cols, n, ones, ones).item() == 0.875
 
 
 def test_example_runs_under_torchrun() -> None:

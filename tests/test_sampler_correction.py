@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -57,8 +58,7 @@ def test_weights_and_metrics_match_an_independent_computation() -> None:
     torch.testing.assert_close(batch.sampler_log_probs[:, 0], theirs)
     raw = torch.exp(mine - theirs)
     assert float(raw.max()) > cap  # the cap is active in this example
-    trainer.compute_advantages(batch)
-    stats = trainer.update(batch)
+    stats = trainer.update(batch, trainer.advantages(batch))
     # two epochs: the first sees exactly these weights; the second the same old log-probs
     expected_mean = float(raw.clamp(max=cap).mean())
     assert float(stats["sampler/is_weight_mean"]) == pytest.approx(expected_mean, rel=1e-6)
@@ -73,19 +73,17 @@ def test_the_policy_term_is_weighted_in_the_update() -> None:
     corrected = HotSampler(tau=3.0)
     trainer = GRPOTrainer(GRPOConfig(**CFG, sampler_is_cap=cap), corrected, reward)
     batch = trainer.collect(states)
-    trainer.compute_advantages(batch)
+    adv = trainer.advantages(batch)
     assert batch.sampler_log_probs is not None
-    assert batch.advantages is not None
     with torch.no_grad():
         old = corrected.evaluate_actions(batch.states, batch.actions, group_size=4).log_probs
         weights = torch.exp(old - batch.sampler_log_probs[:, 0]).clamp(max=cap)
-    scaled = batch.advantages * weights
-    trainer.update(batch)
+    scaled = adv.values * weights
+    trainer.update(batch, adv)
 
     plain = HotSampler(tau=3.0)  # same initial weights
-    batch.old_log_probs = batch.sampler_log_probs = None
-    batch.advantages = scaled
-    GRPOTrainer(GRPOConfig(**CFG), plain, reward).update(batch)
+    plain_batch = dataclasses.replace(batch, old_log_probs=None, sampler_log_probs=None)
+    GRPOTrainer(GRPOConfig(**CFG), plain, reward).update(plain_batch, adv._replace(values=scaled))
     for a, b in zip(corrected.parameters(), plain.parameters(), strict=True):
         torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-6)
 

@@ -1,4 +1,5 @@
 import copy
+import dataclasses
 import subprocess
 import sys
 import warnings
@@ -154,26 +155,32 @@ def test_epochs_take_behaviour_log_probs_from_the_first_forward(
     manual = make(cfg, recorded, contextual.reward)
     batch = manual.collect(contextual.states(8))
     assert batch.old_log_probs is not None  # collect() always records them
-    manual.compute_advantages(batch)
-    stats = manual.update(batch)
+    stats = manual.update(batch, manual.advantages(batch))
     assert recorded.calls["get_log_probabilities"] == 1 + 3 * calls_per_epoch
     for a, b in zip(policy.inner.parameters(), recorded.inner.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6)
     assert float(stats["ratio/max"]) == pytest.approx(m["ratio/max"], abs=1e-6)
 
 
-def test_an_update_without_behaviour_log_probs_needs_one_optimizer_step_per_epoch(
+def test_an_update_without_behaviour_log_probs_takes_them_from_the_policy_before_it(
     contextual: ContextualBandit,
 ) -> None:
+    """Several optimizer steps per epoch need the behaviour log-probs before the update; a batch
+    without them gets the current policy's (no-grad forward), which is what collection records."""
     cfg = GRPOConfig(group_size=4, batch_size=8, mini_batch_size=4, num_epochs_per_update=2, seed=0)
-    trainer = make(cfg, contextual.policy(), contextual.reward)
-    batch = trainer.collect(contextual.states(8))
-    trainer.compute_advantages(batch)
-    batch.old_log_probs = None
-    with pytest.raises(
-        ValueError, match=r"no old \(behaviour\) log-probs and 8 groups, more than mini_batch_size=4"
-    ):
-        trainer.update(batch)
+    torch.manual_seed(0)
+    a = make(cfg, contextual.policy(), contextual.reward)
+    torch.manual_seed(0)
+    b = make(cfg, contextual.policy(), contextual.reward)
+    batch = a.collect(contextual.states(8))
+    assert batch.old_log_probs is not None
+    without = dataclasses.replace(batch, old_log_probs=None, mask=None)
+    sa = a.update(batch, a.advantages(batch))
+    sb = b.update(without, b.advantages(without))
+    for p, q in zip(a.params, b.params, strict=True):
+        assert torch.equal(p, q)
+    assert float(sa["ratio/max"]) == float(sb["ratio/max"]) > 1.0
+    assert without.old_log_probs is None  # the batch given is not changed
 
 
 def test_kl_zero_builds_and_runs_no_reference(contextual: ContextualBandit) -> None:
@@ -274,8 +281,7 @@ def test_minibatches_take_several_optimizer_steps_with_recorded_old_logprobs(
     batch = trainer.collect(contextual.states(8))
     assert batch.old_log_probs is not None
     assert batch.old_log_probs.shape == (32, 1)
-    trainer.compute_advantages(batch)
-    stats = trainer.update(batch)
+    stats = trainer.update(batch, trainer.advantages(batch))
     assert float(stats["ratio/min"]) != 1.0 or float(stats["ratio/max"]) != 1.0  # steps 2..4 see a new policy
 
 
@@ -362,8 +368,7 @@ def test_per_step_logprobs_with_mask_ignore_padding() -> None:
             lambda s, a: a.float(),
         )
         batch = trainer.collect(torch.zeros(2, 1))
-        trainer.compute_advantages(batch)
-        trainer.update(batch)
+        trainer.update(batch, trainer.advantages(batch))
         grads.append(policy.w.detach().clone())
     assert torch.equal(grads[0], grads[1])
     assert not torch.equal(grads[0], torch.zeros(3))
@@ -519,3 +524,16 @@ def test_entropy_is_differentiable_only_when_the_loss_trains_it(entropy_coeff: f
     else:  # nothing to learn from zero advantages: the weights stay as they were
         for k, v in policy.state_dict().items():
             assert torch.equal(v, before[k]), k
+
+
+def test_compute_advantages_is_deprecated_but_still_fills_the_batch(contextual: ContextualBandit) -> None:
+    trainer = make(GRPOConfig(group_size=4, batch_size=2, seed=0), contextual.policy(), contextual.reward)
+    batch = trainer.collect(contextual.states(2))
+    with pytest.warns(DeprecationWarning, match=r"use adv = trainer.advantages\(batch\)"):
+        stats = trainer.compute_advantages(batch)
+    adv = trainer.advantages(batch)
+    assert batch.advantages is not None
+    assert torch.equal(batch.advantages, adv.values)
+    assert float(stats["reward/mean"]) == adv.metrics()["reward/mean"]
+    with pytest.raises(ValueError, match=r"update\(\) needs advantages"):
+        trainer.update(dataclasses.replace(batch, advantages=None))

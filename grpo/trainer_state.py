@@ -1,0 +1,371 @@
+"""The trainer's state, explicitly: what `GRPOTrainer.state_dict` holds and how it is restored.
+
+No reflection: the state is exactly these entries (a new attribute of the trainer never enters
+a checkpoint by accident)::
+
+    step_count          int >= 0   steps taken
+    non_finite_steps    int >= 0   steps whose update was undone (grpo.guard)
+    policy              name -> Tensor, the policy's weights (grpo.checkpoint.policy_state)
+    reference_policy    name -> Tensor, or None (no KL term)
+    optimizer           torch optimizer state dict, or None (nothing to train)
+    scheduler           LR scheduler state dict, or None
+    generator           the trainer's own torch.Generator state (shuffling of groups)
+    components          name -> state dict: the advantage estimator's running statistics and
+                        every object given to `register_checkpoint_state`
+
+`load_state_dict` checks every entry against this trainer (keys, types, ranges, the same
+components) before changing anything. The process-global RNG streams (Python, NumPy, torch) are
+not the trainer's: `grpo.checkpoint` saves and restores them beside this state.
+
+Under FSDP (``GRPOConfig(fsdp=True)``, `grpo.fsdp_backend`) the entries have the same format as
+one process's (full tensors, torch's optimizer format), so a checkpoint moves between FSDP and
+non-FSDP runs: `state_dict` gathers the sharded weights and optimizer state to rank 0 (a
+collective; the other ranks get ``{}`` for ``policy`` and ``optimizer``), and `load_state_dict`
+broadcasts rank 0's and shards them again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from typing_extensions import Self
+
+from grpo.checkpoint import CheckpointError, load_policy_state, policy_state
+
+if TYPE_CHECKING:
+    from grpo.fsdp_backend import FSDPBackend
+
+__all__ = ["STATE_KEYS", "TrainerStateMixin"]
+
+STATE_KEYS = (
+    "step_count", "non_finite_steps", "policy", "reference_policy", "optimizer", "scheduler",
+    "generator", "components",
+)  # fmt: skip
+
+
+class TrainerStateMixin:
+    """`state_dict` / `load_state_dict`, stateful components, checkpoints and the gathered weights
+    of `GRPOTrainer`."""
+
+    policy: Any
+    reference_policy: Any
+    optimizer: torch.optim.Optimizer | None
+    scheduler: Any
+    advantage_estimator: Any
+    step_count: int
+    guard: Any
+    config: Any
+    _generator: torch.Generator
+    _checkpoint_components: dict[str, Any]
+    _deepspeed: Any  # grpo.deepspeed_engine.DeepSpeedBackend | None
+    backend: Any  # grpo.backends.Backend | None
+
+    def register_checkpoint_state(self, name: str, obj: Any) -> None:
+        """Save and restore ``obj`` (with ``state_dict()`` / ``load_state_dict()``) in checkpoints,
+        e.g. a data sampler. The state dict may hold tensors and plain data, never other objects."""
+        if not (
+            callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+        ):
+            raise TypeError(
+                f"register_checkpoint_state({name!r}, ...) needs an object with state_dict() and "
+                f"load_state_dict(); {type(obj).__name__} lacks them."
+            )
+        if name == "advantage_estimator":
+            raise ValueError(
+                "register_checkpoint_state: 'advantage_estimator' is the trainer's own; choose another name."
+            )
+        self._checkpoint_components[name] = obj
+
+    def stateful_components(self) -> dict[str, Any]:
+        """The objects whose state dicts are saved besides the models (see the module docstring)."""
+        return {"advantage_estimator": self.advantage_estimator, **self._checkpoint_components}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly (see the module docstring for the entries).
+
+        Under FSDP a collective: every process must call it. Rank 0 gets the whole (gathered)
+        policy weights and optimizer state; the other ranks get ``{}`` for those two entries.
+        """
+        self._refuse_under_deepspeed("state_dict")
+        opt, sched = self.optimizer, self.scheduler
+        ref = self.reference_policy
+        fsdp = self._fsdp_backend()
+        if fsdp is not None:  # gathered: full tensors on rank 0, {} elsewhere
+            policy = self._fsdp_policy_state(fsdp)
+            engine = fsdp.state_dict()
+            optimizer, scheduler = engine["optimizer"], engine["scheduler"]
+        else:
+            policy = policy_state(self.policy)
+            optimizer = None if opt is None else opt.state_dict()
+            scheduler = None if sched is None else sched.state_dict()
+        return {
+            "step_count": self.step_count,
+            "non_finite_steps": self.guard.non_finite_steps,
+            "policy": policy,
+            "reference_policy": None if ref is None else policy_state(ref, "reference_policy"),
+            "optimizer": optimizer,
+            "scheduler": scheduler,
+            "generator": self._generator.get_state(),
+            "components": {k: v.state_dict() for k, v in self.stateful_components().items()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], *, source: str = "the state dict") -> None:
+        """Restore what `state_dict` returned. Every entry is checked first; a `CheckpointError`
+        naming ``source`` and the entry leaves the trainer unchanged.
+
+        Under FSDP a collective: every process must call it. Rank 0's ``policy`` and ``optimizer``
+        are loaded (broadcast and sharded; the other ranks may pass the same or ``{}``); a state
+        that does not fit raises `CheckpointError` on every rank.
+        """
+        self._refuse_under_deepspeed("load_state_dict")
+        fsdp = self._fsdp_backend()
+        if fsdp is not None:
+            self._fsdp_load_state_dict(fsdp, state, source)
+            return
+        self._check_state(state, source)
+        load_policy_state(self.policy, state["policy"])
+        if self.reference_policy is not None:
+            load_policy_state(self.reference_policy, state["reference_policy"], "reference_policy")
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self._load_rest(state)
+
+    def _load_rest(self, state: Mapping[str, Any]) -> None:
+        """The components, the generator and the counters (checked already)."""
+        for k, obj in self.stateful_components().items():
+            obj.load_state_dict(state["components"][k])
+        self._generator.set_state(state["generator"])
+        self.step_count = int(state["step_count"])
+        self.guard.non_finite_steps = int(state["non_finite_steps"])
+
+    # ---- FSDP: gathered on save, broadcast and sharded on load ------------------------------------
+    def _fsdp_backend(self) -> FSDPBackend | None:
+        """The `grpo.fsdp_backend.FSDPBackend` when the policy is sharded by FSDP, else None."""
+        backend = getattr(self, "backend", None)
+        if backend is None or not getattr(self.config, "fsdp", False):
+            return None
+        from grpo.fsdp_backend import FSDPBackend
+
+        return backend if isinstance(backend, FSDPBackend) else None
+
+    def _fsdp_policy_names(self, fsdp: FSDPBackend) -> dict[str, list[str]] | None:
+        """``policy_state`` key -> the sharded module's state-dict names it stands for (several for a
+        tied weight); None when the policy is the module itself (the keys are the names)."""
+        if self.policy is fsdp.module:
+            return None
+        if callable(getattr(self.policy, "state_dict", None)):
+            raise NotImplementedError(
+                f"under FSDP the trainer checkpoints a policy that is itself the sharded nn.Module, or "
+                f"one without state_dict() whose get_parameters() returns the module's parameters (as "
+                f"grpo.llm.CausalLMPolicy); {type(self.policy).__name__} has a state_dict() of its own "
+                f"around training_module(). Checkpoint the module yourself with "
+                f"trainer.backend.gathered_model_state_dict()."
+            )
+        raw: Any = self.policy.get_parameters()
+        items = raw.items() if isinstance(raw, Mapping) else enumerate(raw)
+        tensors = {str(k): v for k, v in items}
+        try:
+            return fsdp.state_dict_names(tensors)
+        except ValueError as e:
+            raise CheckpointError(str(e)) from e
+
+    def _fsdp_policy_state(self, fsdp: FSDPBackend) -> dict[str, Any]:
+        """The policy's full weights in `grpo.checkpoint.policy_state`'s format on rank 0 (``{}``
+        elsewhere); a collective."""
+        names = self._fsdp_policy_names(fsdp)  # before the collective: raises on every rank alike
+        full = fsdp.gathered_model_state_dict()
+        if names is None or not full:
+            return full
+        return {k: full[n[0]] for k, n in names.items()}
+
+    def _fsdp_load_state_dict(self, fsdp: FSDPBackend, state: Mapping[str, Any], source: str) -> None:
+        """`load_state_dict` under FSDP: every rank checks what it can (rank 0 also the weights
+        and the optimizer state), the verdicts are all-gathered, then the loads are collectives."""
+        names = self._fsdp_policy_names(fsdp)
+        weights: dict[str, Any] = {}
+        problem: str | None = None
+        try:
+            self._check_state(state, source)
+            ref = self.reference_policy
+            if ref is not None:
+                problem = _weights_problem(policy_state(ref, "reference_policy"), state["reference_policy"])
+                problem = problem and f"{source}: reference_policy: {problem}"
+            if problem is None and fsdp.sync.rank == 0:
+                given = state["policy"]
+                if names is None:
+                    weights = dict(given)
+                elif set(given) != set(names):
+                    problem = (
+                        f"{type(self.policy).__name__}.get_parameters() has tensors {sorted(names)[:8]} "
+                        f"but the checkpoint has {sorted(given)[:8]}"
+                    )
+                else:
+                    weights = {n: given[k] for k, ns in names.items() for n in ns}
+                problem = problem or fsdp.model_state_problem(weights, strict=names is None)
+                problem = problem or fsdp.optimizer_state_problem(state["optimizer"])
+                problem = problem and f"{source}: {problem}"
+        except CheckpointError as e:
+            problem = str(e)
+        verdicts: list[str | None] = [None] * fsdp.world_size
+        torch.distributed.all_gather_object(verdicts, problem)
+        first = next((v for v in verdicts if v is not None), None)
+        if first is not None:
+            raise CheckpointError(first)
+        fsdp.load_model_state_dict(weights, strict=names is None)
+        if self.reference_policy is not None:
+            load_policy_state(self.reference_policy, state["reference_policy"], "reference_policy")
+        fsdp.load_state_dict({"optimizer": state["optimizer"], "scheduler": state["scheduler"]})
+        self._load_rest(state)
+
+    def _check_state(self, state: Mapping[str, Any], source: str) -> None:
+        if not isinstance(state, Mapping):
+            raise CheckpointError(f"{source}: the trainer state is {type(state).__name__}, not a mapping.")
+        missing = [k for k in STATE_KEYS if k not in state]
+        extra = sorted(set(state) - set(STATE_KEYS))
+        if missing or extra:
+            raise CheckpointError(f"{source}: trainer state entries missing {missing}, unknown {extra}.")
+        for k in ("step_count", "non_finite_steps"):
+            v = state[k]
+            if type(v) is not int or v < 0:
+                raise CheckpointError(f"{source}: {k} must be an integer >= 0, got {v!r}.")
+        g = state["generator"]
+        if (
+            not isinstance(g, torch.Tensor)
+            or g.dtype != torch.uint8
+            or g.shape != self._generator.get_state().shape
+        ):
+            raise CheckpointError(f"{source}: generator must be a torch.Generator state (uint8 tensor).")
+
+        def has(key: str) -> str:
+            return "has" if state[key] is not None else "has no"
+
+        ref, opt, sched = self.reference_policy, self.optimizer, self.scheduler
+        if (state["reference_policy"] is None) != (ref is None):
+            raise CheckpointError(
+                f"{source}: the checkpoint {has('reference_policy')} reference policy but this trainer "
+                f"{'has one' if ref is not None else 'has none'}; use the same kl_coeff (> 0 builds a "
+                f"reference) as the run that saved it."
+            )
+        if (state["optimizer"] is None) != (opt is None):
+            raise CheckpointError(
+                f"{source}: the checkpoint {has('optimizer')} optimizer state but this trainer "
+                f"{'has an optimizer' if opt is not None else 'has none'}."
+            )
+        if (state["scheduler"] is None) != (sched is None):
+            raise CheckpointError(
+                f"{source}: the checkpoint {has('scheduler')} LR scheduler state but trainer.scheduler is "
+                f"{type(sched).__name__}; configure the same schedule."
+            )
+        comps = state["components"]
+        if not isinstance(comps, Mapping) or set(comps) != set(self.stateful_components()):
+            saved = sorted(comps) if isinstance(comps, Mapping) else type(comps).__name__
+            raise CheckpointError(
+                f"{source}: the state holds stateful components {saved} but this trainer has "
+                f"{sorted(self.stateful_components())}; register the same ones (register_checkpoint_state)."
+            )
+
+    def save_checkpoint(self, directory: str | os.PathLike[str], *, keep_last: int | None = None) -> Path:
+        """Save everything needed to resume exactly to ``directory/step-<step_count>/`` (atomic).
+
+        Holds `state_dict` (weights in safetensors, the rest in JSON) and every process-global
+        RNG stream; see `grpo.checkpoint`. Keeps the newest ``keep_last`` checkpoints (None =
+        ``config.checkpoint_keep_last``, itself None = keep all). Returns the checkpoint's path.
+
+        Under torchrun every process must call it: `state_dict` runs on every rank (under FSDP it
+        gathers the sharded weights and optimizer state to rank 0), then rank 0 writes and the
+        other ranks wait for it.
+        """
+        from grpo import checkpoint
+        from grpo.distributed import main_process_only
+
+        keep = self.config.checkpoint_keep_last if keep_last is None else keep_last
+        self._refuse_under_deepspeed("save_checkpoint")
+        state = self.state_dict()
+        return main_process_only(  # under torchrun rank 0 writes, the other ranks wait for it
+            lambda: checkpoint.save_checkpoint(state, self.config.to_dict(), directory, keep_last=keep),
+            Path(directory) / f"step-{self.step_count:08d}",
+        )
+
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> Path:
+        """Restore this trainer (built with the same objects and config) from ``path``: a directory
+        given to `save_checkpoint` (its newest complete checkpoint is used) or one checkpoint.
+        Never unpickles. Returns the checkpoint loaded. Under torchrun every process must call it
+        (each reads the checkpoint; under FSDP rank 0's weights and optimizer state are broadcast
+        and sharded)."""
+        from grpo import checkpoint
+        from grpo.distributed import reseed_other_ranks
+
+        self._refuse_under_deepspeed("load_checkpoint")
+        loaded = checkpoint.load_checkpoint(self, path)
+        reseed_other_ranks(self.config.seed, self.step_count)  # ranks > 0: their own RNG streams
+        return loaded
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        policy: Any,
+        reward_model: Any,
+        reference_policy: Any = None,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> Self:
+        """A trainer with the checkpoint's config, built around ``policy`` / ``reward_model`` (and
+        the optional reference policy and optimizer, as in the constructor), then restored from it."""
+        from grpo import checkpoint
+        from grpo.config import GRPOConfig
+
+        saved = checkpoint.read_checkpoint_config(path)
+        known = {f.name for f in dataclasses.fields(GRPOConfig)}
+        unknown = sorted(set(saved) - known)
+        if unknown:
+            raise checkpoint.CheckpointError(
+                f"the checkpoint's config has fields {unknown} that this version of GRPOConfig does not "
+                f"know; load it with the grpo version that saved it."
+            )
+        trainer = cls(GRPOConfig(**saved), policy, reward_model, reference_policy, optimizer)  # type: ignore[call-arg]
+        trainer.load_checkpoint(path)
+        return trainer
+
+    @property
+    def deepspeed_stage(self) -> int | None:
+        """The DeepSpeed ZeRO stage (1, 2 or 3) when DeepSpeed runs the backward pass and optimizer
+        step (``GRPOConfig.deepspeed``), else None."""
+        return None if self._deepspeed is None else self._deepspeed.stage
+
+    def gathered_weights(self) -> contextlib.AbstractContextManager[None]:
+        """A context manager within which the policy's weights (and those of the reference copy)
+        hold their full values on every rank: under DeepSpeed ZeRO-3 each rank otherwise keeps
+        only its partition (every rank must enter it: it all-gathers). A no-op otherwise. For
+        reading (comparing, exporting); changes made inside are discarded."""
+        if self._deepspeed is None:
+            return contextlib.nullcontext()
+        gathered: contextlib.AbstractContextManager[None] = self._deepspeed.gathered()
+        return gathered
+
+    def _refuse_under_deepspeed(self, what: str) -> None:
+        if self._deepspeed is not None:
+            raise NotImplementedError(
+                f"GRPOTrainer.{what} is not supported with DeepSpeed ZeRO: the optimizer state is "
+                f"partitioned over the processes, and the trainer's checkpoint holds one optimizer "
+                f"state. Save the model itself (e.g. CausalLMPolicy.save_pretrained, as grpo-train "
+                f"does), or train without DeepSpeed (GRPOConfig(deepspeed='off')) to get resumable "
+                f"checkpoints."
+            )
+
+
+def _weights_problem(current: Mapping[str, Any], given: Any) -> str | None:
+    """Why ``given`` (name -> Tensor) does not fit ``current``'s names and shapes, or None."""
+    if not isinstance(given, Mapping) or set(given) != set(current):
+        keys = sorted(given)[:8] if isinstance(given, Mapping) else type(given).__name__
+        return f"the model has tensors {sorted(current)[:8]} but the checkpoint has {keys}"
+    wrong = [k for k, v in given.items() if not isinstance(v, torch.Tensor) or v.shape != current[k].shape]
+    return f"tensors {wrong[:5]} have other shapes than the model's" if wrong else None
