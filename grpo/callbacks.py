@@ -1,4 +1,4 @@
-"""Callbacks: small hooks that `GRPOTrainer.train` calls while it runs.
+"""Callbacks: small hooks that `GRPOTrainer.train` calls while it runs, and the state they get.
 
 Subclass `Callback` and override the hooks you need (any object with some of these methods also
 works). Each hook gets the loop's `TrainState` (``state.trainer``, ``state.step``,
@@ -7,6 +7,7 @@ step::
 
     metrics = trainer.step(states)            # + the loop's own keys (optim/lr, throughput/*, ...)
     on_eval(state, eval_metrics)              # every eval_every steps; merged into the step's record
+    on_metrics(state, record)                 # may add or change keys before anything sees them
     sinks.write(record)
     on_step_end(state, record)
     on_checkpoint(state, path)                # every checkpoint_freq steps
@@ -16,22 +17,136 @@ step::
 
 `EarlyStopping` is the ready callback: stop when a monitored metric stops improving or reaches a
 threshold.
+
+This module imports nothing of the trainer: `TrainState.trainer` is typed by the `TrainerLike`
+Protocol, the part of `grpo.GRPOTrainer` the loop and its callbacks use.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
-    from grpo.training_loop import TrainState
+    import torch
+    from torch import Tensor
 
-__all__ = ["HOOKS", "Callback", "EarlyStopping"]
+    from grpo.config import GRPOConfig
+    from grpo.policy_base import PolicyModel
+    from grpo.reward_model_base import RewardModel
 
-HOOKS: tuple[str, ...] = ("on_train_start", "on_step_end", "on_eval", "on_checkpoint", "on_train_end")
+__all__ = ["HOOKS", "Callback", "EarlyStopping", "TrainState", "TrainerLike"]
+
+HOOKS: tuple[str, ...] = (
+    "on_train_start",
+    "on_metrics",
+    "on_step_end",
+    "on_eval",
+    "on_checkpoint",
+    "on_train_end",
+)
+
+
+class TrainerLike(Protocol):
+    """What the training loop and its callbacks use of a trainer (`grpo.GRPOTrainer` is one).
+
+    A structural type: any object with these members is accepted. Callbacks that need more of the
+    trainer (``save_checkpoint``, ``reference_policy``, ...) use it as the `grpo.GRPOTrainer` it
+    is.
+    """
+
+    @property
+    def config(self) -> GRPOConfig:
+        """The trainer's configuration."""
+        ...
+
+    @property
+    def policy(self) -> PolicyModel:
+        """The policy being trained."""
+        ...
+
+    @property
+    def reward_model(self) -> RewardModel:
+        """The reward model."""
+        ...
+
+    @property
+    def device(self) -> torch.device:
+        """Where the trainer's tensors live."""
+        ...
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The optimizer (None when there is nothing to train)."""
+        ...
+
+    @property
+    def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler | None:
+        """The learning-rate schedule (None: constant learning rate)."""
+        ...
+
+    @property
+    def params(self) -> Sequence[Tensor]:
+        """The trainable tensors."""
+        ...
+
+    @property
+    def distributed(self) -> object:
+        """The collectives of a multi-process run; None on one process."""
+        ...
+
+    @property
+    def step_count(self) -> int:
+        """Steps done so far."""
+        ...
+
+    def step(self, states: Any) -> dict[str, float]:
+        """One GRPO step on a batch of states; returns its metrics."""
+        ...
+
+    def _check_lockstep(self, states: Any) -> None:
+        """Raise on every rank when the ranks would run different forwards (DeepSpeed ZeRO-3)."""
+        ...
+
+
+@dataclasses.dataclass
+class TrainState:
+    """What `GRPOTrainer.train` returns and passes to every callback hook.
+
+    Attributes:
+        trainer: the trainer being trained.
+        num_steps: the step count at which training ends.
+        history: one record per step run by this call (the dict sent to the sinks).
+        eval_history: one ``{'step': s, 'eval/...': ...}`` dict per evaluation.
+        checkpoints: paths of the checkpoints written by this call.
+        should_stop: set by `stop`; the loop ends after the current step.
+        stop_reason: why training ended early (None when it ran to ``num_steps``).
+        resumed_from: the checkpoint loaded by ``resume_from`` (None when not resuming).
+    """
+
+    trainer: TrainerLike
+    num_steps: int
+    history: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    eval_history: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    checkpoints: list[Path] = dataclasses.field(default_factory=list)
+    should_stop: bool = False
+    stop_reason: str | None = None
+    resumed_from: Path | None = None
+
+    @property
+    def step(self) -> int:
+        """Steps done so far (``trainer.step_count``)."""
+        return self.trainer.step_count
+
+    def stop(self, reason: str) -> None:
+        """Ask the loop to end after the current step; ``reason`` is logged and kept."""
+        if not self.should_stop:
+            self.should_stop = True
+            self.stop_reason = reason
 
 
 class Callback:
@@ -39,6 +154,11 @@ class Callback:
 
     def on_train_start(self, state: TrainState) -> None:
         """Before the first step (after resuming, if any)."""
+
+    def on_metrics(self, state: TrainState, metrics: dict[str, float]) -> None:
+        """After each step (and its evaluation), before the record goes anywhere: add or change
+        keys of ``metrics``, the step's mutable record. What this hook puts there reaches the
+        sinks, ``state.history``, the progress display and `on_step_end`."""
 
     def on_step_end(self, state: TrainState, metrics: Mapping[str, float]) -> None:
         """After each step; ``metrics`` is the step's full record (eval keys included on eval steps)."""

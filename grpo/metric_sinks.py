@@ -10,7 +10,8 @@ docs/metrics.md), and ``close`` at the end. A sink works as well in a hand-writt
             m = trainer.step(states)
             sink.write(m, trainer.step_count)
 
-Always available: `JSONLSink`, `CSVSink`, `LoggingSink`. `TensorBoardSink` needs the
+Always available: `JSONLSink`, `CSVSink`, `LoggingSink`, and `PeriodicSink`, which passes every
+N-th step (and the last) to another sink. `TensorBoardSink` needs the
 ``tensorboard`` package (``pip install grpo[logging]``), `WandbSink` needs ``wandb``
 (``pip install grpo[wandb]``); both are imported only when the sink is built.
 """
@@ -33,6 +34,7 @@ __all__ = [
     "JSONLSink",
     "LoggingSink",
     "MetricSink",
+    "PeriodicSink",
     "TensorBoardSink",
     "WandbSink",
     "format_metrics",
@@ -216,6 +218,60 @@ class LoggingSink(_Sink):
     def write(self, metrics: Mapping[str, float], step: int) -> None:
         if step % self.every == 0:
             self.logger.log(self.level, "step %d: %s", step, format_metrics(metrics, self.keys))
+
+
+class PeriodicSink(_Sink):
+    """Pass every ``every``-th step's record to ``sink``, and the last step's.
+
+    ``write(metrics, step)`` forwards the record when ``step`` is a multiple of ``every``; any other
+    record is held (replacing the one held before) and written by `flush` or `close`, so the last
+    step of a run reaches ``sink`` too (`GRPOTrainer.train` flushes its sinks at the end of
+    training). ``log_config``, ``flush`` and ``close`` go to ``sink`` when it has them.
+
+    Args:
+        sink: the sink to write to (anything with ``write(metrics, step)``).
+        every: the period in steps (>= 1; 1 passes every record).
+    """
+
+    def __init__(self, sink: Any, every: int) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"PeriodicSink(every={every!r}) is not allowed: expected an integer >= 1.")
+        if not callable(getattr(sink, "write", None)):
+            raise TypeError(
+                f"PeriodicSink needs a sink with write(metrics, step); got {type(sink).__name__}."
+            )
+        self.sink = sink
+        self.every = every
+        self._held: tuple[dict[str, float], int] | None = None
+
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        fn = getattr(self.sink, "log_config", None)
+        if callable(fn):
+            fn(config)
+
+    def write(self, metrics: Mapping[str, float], step: int) -> None:
+        if step % self.every == 0:
+            self._held = None
+            self.sink.write(metrics, step)
+        else:
+            self._held = (dict(metrics), step)
+
+    def flush(self) -> None:
+        """Write the held record (if any), then flush ``sink``."""
+        if self._held is not None:
+            metrics, step = self._held
+            self._held = None
+            self.sink.write(metrics, step)
+        fn = getattr(self.sink, "flush", None)
+        if callable(fn):
+            fn()
+
+    def close(self) -> None:
+        """`flush`, then close ``sink``."""
+        self.flush()
+        fn = getattr(self.sink, "close", None)
+        if callable(fn):
+            fn()
 
 
 def _require(module: str, extra: str, what: str) -> ModuleType:

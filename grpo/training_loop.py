@@ -6,7 +6,8 @@
     metrics = trainer.step(states)                            # every key of step()
     metrics += optim/lr, throughput/*, time/data
     every eval_every steps: metrics += evaluate(eval_states)  # eval/*, time/eval; on_eval
-    sinks.write(metrics, step); on_step_end; progress bar / log line
+    on_metrics (callbacks may add keys); sinks.write(metrics, step); on_step_end
+    progress bar / log line
     every config.checkpoint_freq steps: save_checkpoint; on_checkpoint
     stop when step_count == num_steps, a callback called state.stop(), or the source ran out
 
@@ -26,14 +27,19 @@ Sources of states (what ``states_source`` may be):
   is used once: training stops when it runs out.
 
 Evaluation (`evaluate`) samples G actions per eval state and scores them, without log-probs,
-gradients or any weight change. It runs on forked RNG streams (torch, Python, NumPy), so
+gradients or any weight change, under the trainer's reward settings (``config.reward_timeout``,
+``config.invalid_rewards``). It runs on forked RNG streams (torch, Python, NumPy), so
 evaluating never changes what training samples; `train` evaluates with the fixed seed
 ``config.seed`` (0 when None), so successive evaluations share random numbers.
+
+Everything `train` reports goes through `logging` (logger ``grpo.training_loop``): the run
+summary once at INFO on the main process, and with ``progress='log'`` the periodic progress
+lines; configure logging (e.g. ``logging.basicConfig(level=logging.INFO)``) to see them. The
+tqdm bar writes to stderr.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import inspect
 import logging
@@ -44,64 +50,30 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from grpo.callbacks import HOOKS
+from grpo.callbacks import HOOKS, TrainerLike, TrainState
 from grpo.distributed import get_world_size, is_main_process, rank_batches
-from grpo.experience_collector import ExperienceCollector
+from grpo.experience_collector import ExperienceCollector, select_rows
 from grpo.metric_sinks import format_metrics
 
-if TYPE_CHECKING:
-    from grpo.trainer import GRPOTrainer
-
-__all__ = ["TrainState", "evaluate", "iter_state_batches", "train", "training_summary"]
+__all__ = ["TrainState", "TrainerLike", "evaluate", "iter_state_batches", "train", "training_summary"]
 
 logger = logging.getLogger(__name__)
 
 Progress = bool | Literal["bar", "log"]
 
-_BAR_KEYS = {"reward/mean": "reward", "kl/ref": "kl", "eval/reward/mean": "eval"}
+_BAR_KEYS = {
+    "reward/mean": "reward",
+    "kl/ref": "kl",
+    "eval/reward/mean": "eval",
+    "throughput/tokens_per_s": "tok_s",  # when a callback adds it (grpo-train does)
+}
 _LOG_KEYS = ("reward/mean", "reward/std", "kl/ref", "policy/entropy", "grad/norm", "eval/reward/mean")
-
-
-@dataclasses.dataclass
-class TrainState:
-    """What `train` returns and passes to every callback hook.
-
-    Attributes:
-        trainer: the trainer being trained.
-        num_steps: the step count at which training ends.
-        history: one record per step run by this call (the dict sent to the sinks).
-        eval_history: one ``{'step': s, 'eval/...': ...}`` dict per evaluation.
-        checkpoints: paths of the checkpoints written by this call.
-        should_stop: set by `stop`; the loop ends after the current step.
-        stop_reason: why training ended early (None when it ran to ``num_steps``).
-        resumed_from: the checkpoint loaded by ``resume_from`` (None when not resuming).
-    """
-
-    trainer: GRPOTrainer
-    num_steps: int
-    history: list[dict[str, float]] = dataclasses.field(default_factory=list)
-    eval_history: list[dict[str, float]] = dataclasses.field(default_factory=list)
-    checkpoints: list[Path] = dataclasses.field(default_factory=list)
-    should_stop: bool = False
-    stop_reason: str | None = None
-    resumed_from: Path | None = None
-
-    @property
-    def step(self) -> int:
-        """Steps done so far (``trainer.step_count``)."""
-        return self.trainer.step_count
-
-    def stop(self, reason: str) -> None:
-        """Ask the loop to end after the current step; ``reason`` is logged and kept."""
-        if not self.should_stop:
-            self.should_stop = True
-            self.stop_reason = reason
 
 
 # ---- sources of states ---------------------------------------------------------------------
@@ -245,8 +217,30 @@ def _chunks(states: Any, size: int) -> Iterator[Any]:
         yield states[i : i + size]
 
 
+class _EvalCollector(ExperienceCollector):
+    """The collector of `evaluate`: with ``invalid_rewards='drop_groups'`` a chunk in which every
+    group holds an invalid reward is dropped whole (counted in ``dropped_groups``) instead of
+    raising as a training step does; `evaluate` raises only when no group of the whole evaluation
+    is left."""
+
+    def _drop_invalid_groups(
+        self, states: Any, flat_states: Any, actions: Any, rewards: Tensor, comps: dict[str, Tensor]
+    ) -> tuple[Any, Any, Any, Tensor, dict[str, Tensor], Tensor | None]:
+        if bool(torch.isnan(rewards).view(-1, self.group_size).any(1).all()):
+            none = torch.zeros(0, dtype=torch.long, device=rewards.device)
+            return (
+                select_rows(states, none),
+                select_rows(flat_states, none),
+                select_rows(actions, none),
+                rewards[:0],
+                {k: v[:0] for k, v in comps.items()},
+                none,
+            )
+        return super()._drop_invalid_groups(states, flat_states, actions, rewards, comps)
+
+
 def evaluate(
-    trainer: GRPOTrainer, states: Any, *, seed: int | None = None, **generate_kwargs: Any
+    trainer: TrainerLike, states: Any, *, seed: int | None = None, **generate_kwargs: Any
 ) -> dict[str, float]:
     """Mean reward of G sampled actions per state, with no update and no weight change.
 
@@ -254,6 +248,12 @@ def evaluate(
     states), scores them with the reward model, and returns over all ``n * G`` samples::
 
         eval/reward/{mean,std,min,max}, eval/reward/<component>/mean, time/eval
+
+    The reward is called as in training: with ``config.reward_timeout``, and with
+    ``config.invalid_rewards='drop_groups'`` a group holding a None/NaN/inf reward is left out of
+    every ``eval/reward/*`` value and counted in ``eval/reward/dropped_groups`` (present only with
+    that setting); a `ValueError` when every group is invalid. With ``'raise'`` an invalid reward
+    raises.
 
     No log-probs are computed and no gradient is taken. The RNG streams (torch, Python, NumPy)
     are forked: afterwards they are exactly as before, so evaluating does not change training.
@@ -268,39 +268,53 @@ def evaluate(
     t0 = time.perf_counter()
     trainer._check_lockstep(states)  # ZeRO-3: all ranks must run the same forwards
     cfg = trainer.config
-    collector = ExperienceCollector(
+    drop_groups = cfg.invalid_rewards == "drop_groups"
+    collector = _EvalCollector(
         trainer.policy,
         trainer.reward_model,
         cfg.group_size,
         trainer.device,
         reference_policy=None,
         record_old_log_probs=False,
+        invalid_rewards=cfg.invalid_rewards,
+        reward_timeout=cfg.reward_timeout,
     )
     was_training = getattr(trainer.policy, "training", None)
     rewards: list[Tensor] = []
     comps: dict[str, list[Tensor]] = {}
-    with _forked_rng(trainer.device, seed), torch.no_grad():
-        for chunk in _chunks(states, cfg.batch_size):
-            batch = collector.collect(chunk, **generate_kwargs)
-            rewards.append(batch.rewards.detach().double())
-            for k, v in batch.reward_components.items():
-                comps.setdefault(k, []).append(v.detach().double())
-    if was_training is True:
-        trainer.policy.train()
+    dropped = 0
+    try:
+        with _forked_rng(trainer.device, seed), torch.no_grad():
+            for chunk in _chunks(states, cfg.batch_size):
+                batch = collector.collect(chunk, **generate_kwargs)
+                dropped += batch.dropped_groups
+                rewards.append(batch.rewards.detach().double())
+                for k, v in batch.reward_components.items():
+                    comps.setdefault(k, []).append(v.detach().double())
+    finally:
+        if was_training is True:
+            trainer.policy.train()
     r = torch.cat(rewards)
+    if r.numel() == 0:
+        raise ValueError(
+            f"every one of the {dropped} evaluation groups holds an invalid reward (None, NaN or inf), "
+            f"so nothing is left to evaluate (GRPOConfig.invalid_rewards='drop_groups'). Fix the reward."
+        )
     values = [r.mean(), r.std() if r.numel() > 1 else r.new_zeros(()), r.min(), r.max()]
     names = ["eval/reward/mean", "eval/reward/std", "eval/reward/min", "eval/reward/max"]
     for k, parts in comps.items():
         names.append(f"eval/reward/{k}/mean")
         values.append(torch.cat(parts).mean())
     out = dict(zip(names, torch.stack(values).cpu().tolist(), strict=True))
+    if drop_groups:
+        out["eval/reward/dropped_groups"] = float(dropped)
     out["time/eval"] = time.perf_counter() - t0
     return out
 
 
 # ---- summary and progress ------------------------------------------------------------------
 def training_summary(
-    trainer: GRPOTrainer,
+    trainer: TrainerLike,
     num_steps: int,
     source: Any = None,
     *,
@@ -337,7 +351,7 @@ def training_summary(
     return "\n".join(lines)
 
 
-def _schedule_text(trainer: GRPOTrainer) -> str:
+def _schedule_text(trainer: TrainerLike) -> str:
     sched = trainer.scheduler
     if sched is None:
         return "none (constant learning rate)"
@@ -402,11 +416,8 @@ def _stdout_is_terminal() -> bool:
 
 
 def _emit(line: str) -> None:
-    """Log ``line`` at INFO; print it when no logging handler is configured, so it is seen."""
-    if logger.hasHandlers():
-        logger.info(line)
-    else:
-        print(line, flush=True)
+    """A progress line: logged at INFO (logger ``grpo.training_loop``)."""
+    logger.info("%s", line)
 
 
 # ---- the loop ------------------------------------------------------------------------------
@@ -436,7 +447,7 @@ def _call(objs: Sequence[Any], hook: str, *args: Any) -> None:
             fn(*args)
 
 
-def _require_method(trainer: GRPOTrainer, name: str, why: str) -> Callable[..., Any]:
+def _require_method(trainer: TrainerLike, name: str, why: str) -> Callable[..., Any]:
     fn = getattr(trainer, name, None)
     if not callable(fn):
         raise RuntimeError(
@@ -448,7 +459,7 @@ def _require_method(trainer: GRPOTrainer, name: str, why: str) -> Callable[..., 
 
 
 def train(
-    trainer: GRPOTrainer,
+    trainer: TrainerLike,
     states_source: Any,
     num_steps: int,
     *,
@@ -461,7 +472,45 @@ def train(
     progress: Progress = True,
     log_every: int | None = None,
 ) -> TrainState:
-    """Run ``trainer.step`` until ``trainer.step_count == num_steps``; see `GRPOTrainer.train`."""
+    """Run ``trainer.step`` until ``trainer.step_count == num_steps``, with progress, evaluation,
+    sinks, callbacks and checkpoints (`GRPOTrainer.train` calls this).
+
+    Args:
+        trainer: the trainer (`grpo.GRPOTrainer`, or any `TrainerLike`).
+        states_source: a list / Tensor of states (cycled in ``batch_size`` chunks), an iterable of
+            batches such as a ``DataLoader`` (restarted each epoch), an iterator (used once), or a
+            callable returning a batch (``source(batch_size)`` or ``source()``).
+        num_steps: the step count at which to stop (total, counting steps already done and those
+            restored by ``resume_from``).
+        eval_states: states to evaluate on (`evaluate`) every ``eval_every`` steps.
+        eval_every: evaluation period in steps (needs ``eval_states``).
+        callbacks: `grpo.callbacks.Callback` objects (hooks ``on_train_start``, ``on_eval``,
+            ``on_metrics``, ``on_step_end``, ``on_checkpoint``, ``on_train_end``); they run on
+            every process.
+        sinks: `grpo.metric_sinks` writers; each gets every step's record (names in
+            docs/metrics.md), on the main process only. They are flushed, not closed, at the end
+            (wrap one in `grpo.metric_sinks.PeriodicSink` to write every N-th step and the last).
+        checkpoint_dir: save a checkpoint here every ``config.checkpoint_freq`` steps and at the
+            end (``trainer.save_checkpoint``).
+        resume_from: a checkpoint (directory) to load before training.
+        progress: True = a tqdm bar (stderr) on a terminal or in a notebook, periodic log lines
+            otherwise; ``'bar'`` / ``'log'`` forces one; False = none.
+        log_every: steps between progress log lines (default: a twentieth of the steps to run).
+
+    Under torchrun, a list / Tensor source is drawn in global batches of ``world_size *
+    batch_size`` states and each rank steps on its shard (`grpo.distributed.rank_batches`); an
+    iterable, iterator or callable source yields each rank's own batches and is used as is (so a
+    source that is already sharded, like ``grpo-train``'s, is not sharded again). Only the main
+    process logs the run summary, writes to the sinks and shows progress.
+
+    Nothing is printed: the resolved config and the run's plan (`training_summary`) are logged
+    once at INFO and the progress lines go through `logging` too (logger
+    ``grpo.training_loop``); configure logging to see them.
+
+    Returns:
+        The `TrainState`: ``history`` (one record per step), ``eval_history``, ``checkpoints``,
+        ``stop_reason``.
+    """
     cfg = trainer.config
     if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0:
         raise ValueError(f"train(num_steps={num_steps!r}) is not allowed: expected an integer >= 0.")
@@ -483,10 +532,11 @@ def train(
             f"GRPOConfig.checkpoint_freq={cfg.checkpoint_freq} but train() got no checkpoint_dir; "
             f"pass checkpoint_dir=... or set checkpoint_freq=None."
         )
-    if getattr(trainer, "deepspeed_stage", None) is not None and (checkpoint_dir or resume_from) is not None:
+    zero_stage = getattr(trainer, "deepspeed_stage", None)
+    if zero_stage is not None and (checkpoint_dir or resume_from) is not None:
         raise NotImplementedError(
             f"train(checkpoint_dir=..., resume_from=...) needs GRPOTrainer checkpoints, which DeepSpeed "
-            f"ZeRO-{trainer.deepspeed_stage} does not support (the optimizer state is partitioned over "
+            f"ZeRO-{zero_stage} does not support (the optimizer state is partitioned over "
             f"the processes). Save the model with the policy's save_pretrained from a callback, or "
             f"train with GRPOConfig(deepspeed='off')."
         )
@@ -505,17 +555,16 @@ def train(
         state.resumed_from = Path(loaded) if loaded is not None else Path(resume_from)
         logger.info("resumed from %s at step %d", state.resumed_from, trainer.step_count)
 
-    summary = training_summary(
-        trainer,
-        num_steps,
-        states_source,
-        eval_every=eval_every,
-        num_eval_states=None if eval_states is None else _num_states(eval_states),
-        checkpoint_dir=checkpoint_dir,
-    )
-    logger.info("training configuration:\n%s", summary)
-    if progress is not False:
-        print(summary, flush=True)
+    if is_main_process():  # once per run, not once per process
+        summary = training_summary(
+            trainer,
+            num_steps,
+            states_source,
+            eval_every=eval_every,
+            num_eval_states=None if eval_states is None else _num_states(eval_states),
+            checkpoint_dir=checkpoint_dir,
+        )
+        logger.info("training configuration:\n%s", summary)
     config_dict = cfg.to_dict()
     for s in sinks:
         if callable(getattr(s, "log_config", None)):
@@ -558,6 +607,7 @@ def train(
                 state.eval_history.append({"step": float(step), **ev})
                 _call(callbacks, "on_eval", state, ev)
 
+            _call(callbacks, "on_metrics", state, record)  # may add keys: before anything sees it
             state.history.append(record)
             for s in sinks:
                 s.write(record, step)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -158,6 +161,8 @@ def test_cli_options_and_errors(setup: Path, tmp_path: Path) -> None:
         parse_args(
             ["--model-name", "m", "--dataset", "d", "--batch-size", "4", "--gradient-accumulation-steps", "3"]
         )
+    with pytest.raises(SystemExit):
+        parse_args(["--model-name", "m", "--dataset", "d", "--logging-steps", "0"])
 
 
 def test_two_processes_shard_the_prompts_and_rank_0_writes(setup: Path, tmp_path: Path) -> None:
@@ -194,3 +199,87 @@ def test_two_processes_shard_the_prompts_and_rank_0_writes(setup: Path, tmp_path
     assert [json.loads(x)["step"] for x in lines] == [1.0, 2.0]  # written once, by rank 0
     for d in ("checkpoint-1", "checkpoint-2", "final_model"):
         assert (run / d / "model.safetensors").exists()
+
+
+class FakeWandb:
+    """Stands in for `grpo.metric_sinks.WandbSink` in `grpo.llm.cli` (no W&B run is started)."""
+
+    made: ClassVar[list[FakeWandb]] = []
+
+    def __init__(self, **init_kwargs: Any) -> None:
+        self.init_kwargs = init_kwargs
+        self.config: dict[str, Any] = {}
+        self.steps: list[int] = []
+        self.closed = False
+        FakeWandb.made.append(self)
+
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        self.config.update(config)
+
+    def write(self, metrics: Mapping[str, float], step: int) -> None:
+        self.steps.append(step)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_logging_steps_bar_wandb_checkpoints_and_appended_metrics(
+    setup: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The command runs on GRPOTrainer.train: --logging-steps 2 over 3 steps writes steps 2 and 3
+    (the last) to metrics.jsonl, the log and W&B; --save-steps 2 saves checkpoint-2 with that
+    step's record (the command's own keys included); the tqdm bar shows reward and tokens/s;
+    metrics.jsonl is appended to by a second run."""
+    import grpo.llm.cli as cli
+
+    FakeWandb.made.clear()
+    monkeypatch.setattr(cli, "WandbSink", FakeWandb)
+    caplog.set_level(logging.INFO)
+    out = tmp_path / "out"
+    common = [
+        "--model-name", str(setup / "model"), "--dataset", str(setup / "data.jsonl"), "--prompt-column", "q",
+        "--batch-size", "2", "--num-generations", "2", "--max-new-tokens", "2", "--device", "cpu",
+        "--output-dir", str(out),
+    ]  # fmt: skip
+    args = [*common, "--max-steps", "3", "--logging-steps", "2", "--save-steps", "2", "--use-wandb"]
+    assert main([*args, "--wandb-run-name", "r1"]) == 0
+
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [2.0, 3.0]
+    for m in lines:
+        assert {"optim/lr", "throughput/samples_per_s", "lr", "reward/exact_match/applicable"} <= set(m)
+        assert m["completion/mean_length"] == pytest.approx(m["completion/tokens"] / 4)
+        assert m["throughput/tokens_per_s"] == pytest.approx(m["completion/tokens"] / m["time/step"])
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["checkpoint-2", "final_model"]
+    saved = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
+    assert saved["step"] == 2
+    assert saved["metrics"]["step"] == 2.0
+    assert "completion/tokens" in saved["metrics"]
+    final = json.loads((out / "final_model" / "trainer_state.json").read_text())
+    assert final["metrics"] == lines[-1]
+    assert final["args"]["logging_steps"] == 2
+
+    (wandb,) = FakeWandb.made
+    assert wandb.steps == [2, 3]
+    assert wandb.closed
+    assert (wandb.init_kwargs["project"], wandb.init_kwargs["name"]) == ("grpo", "r1")
+    assert wandb.init_kwargs["config"]["model_name"] == str(setup / "model")
+    assert wandb.config["group_size"] == 2  # the resolved GRPOConfig, from train()
+
+    err = capsys.readouterr().err
+    assert "3/3" in err
+    assert "reward=" in err
+    assert "tok_s=" in err
+    messages = [r.getMessage() for r in caplog.records]
+    steps = [m.split(":")[0] for m in messages if m.startswith("step ") and "reward/mean=" in m]
+    assert steps == ["step 2", "step 3"]
+    assert any(m.endswith(f"final model in {out / 'final_model'}") for m in messages)
+    assert sum("training configuration:" in m for m in messages) == 1
+
+    assert main([*common, "--max-steps", "1", "--no-progress"]) == 0
+    appended = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert appended == [2.0, 3.0, 1.0]

@@ -8,7 +8,9 @@ import json
 import logging
 import math
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +19,7 @@ from grpo.metric_sinks import (
     JSONLSink,
     LoggingSink,
     MetricSink,
+    PeriodicSink,
     TensorBoardSink,
     WandbSink,
     read_jsonl,
@@ -130,3 +133,90 @@ def test_tensorboard_missing_names_the_extra(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # as when not installed
     with pytest.raises(ImportError, match=r"pip install grpo\[logging\]"):
         TensorBoardSink(tmp_path)
+
+
+class ListSink:
+    """Records every call it gets."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        self.calls.append(("config", dict(config)))
+
+    def write(self, metrics: Mapping[str, float], step: int) -> None:
+        self.calls.append(("write", (step, dict(metrics))))
+
+    def flush(self) -> None:
+        self.calls.append(("flush", None))
+
+    def close(self) -> None:
+        self.calls.append(("close", None))
+
+
+def test_periodic_sink_writes_every_nth_step_and_the_last_on_flush() -> None:
+    inner = ListSink()
+    sink = PeriodicSink(inner, 3)
+    assert isinstance(sink, MetricSink)
+    sink.log_config({"group_size": 4})
+    for step in range(1, 8):
+        sink.write({"m": float(step)}, step)
+    writes = [c[1] for c in inner.calls if c[0] == "write"]
+    assert writes == [(3, {"m": 3.0}), (6, {"m": 6.0})]  # step 7 is held
+    sink.flush()
+    sink.flush()  # nothing held any more: written once
+    sink.close()
+    assert inner.calls == [
+        ("config", {"group_size": 4}),
+        ("write", (3, {"m": 3.0})),
+        ("write", (6, {"m": 6.0})),
+        ("write", (7, {"m": 7.0})),  # the held record, by the first flush
+        ("flush", None),
+        ("flush", None),
+        ("flush", None),  # close flushes, then closes
+        ("close", None),
+    ]
+
+
+def test_periodic_sink_holds_a_copy_and_drops_a_held_record_at_the_next_period() -> None:
+    inner = ListSink()
+    sink = PeriodicSink(inner, 2)
+    record = {"m": 1.0}
+    sink.write(record, 1)
+    record["m"] = 99.0  # the caller reuses its dict: the held record is a copy
+    sink.close()
+    assert [c[1] for c in inner.calls if c[0] == "write"] == [(1, {"m": 1.0})]
+    inner = ListSink()
+    sink = PeriodicSink(inner, 2)
+    sink.write({"m": 1.0}, 1)
+    sink.write({"m": 2.0}, 2)  # step 1 was not the last: never written
+    sink.close()
+    assert [c[1][0] for c in inner.calls if c[0] == "write"] == [2]
+
+
+def test_periodic_sink_wraps_a_bare_writer_and_rejects_bad_arguments(tmp_path: Path) -> None:
+    steps: list[int] = []
+
+    class Bare:  # write only: no flush, close or log_config
+        def write(self, metrics: Mapping[str, float], step: int) -> None:
+            steps.append(step)
+
+    with PeriodicSink(Bare(), 1) as sink:
+        sink.log_config({})
+        sink.write({}, 1)
+        sink.write({}, 2)
+    assert steps == [1, 2]
+    for every in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match=r"PeriodicSink\(every=.*\) is not allowed"):
+            PeriodicSink(Bare(), every)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"PeriodicSink needs a sink with write\(metrics, step\); got int"):
+        PeriodicSink(3, 2)
+
+
+def test_periodic_sink_in_train_writes_the_last_step(tmp_path: Path) -> None:
+    from tests.loop_toys import bandit_states, make_trainer
+
+    path = tmp_path / "m.jsonl"
+    with JSONLSink(path) as jsonl:
+        make_trainer().train(bandit_states(4), num_steps=5, sinks=[PeriodicSink(jsonl, 2)], progress=False)
+    assert [r["step"] for r in read_jsonl(path)] == [2.0, 4.0, 5.0]  # train() flushes at the end

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from torch import Tensor
 from grpo import GRPOTrainer
 from grpo.callbacks import Callback
 from grpo.metric_sinks import JSONLSink, read_jsonl
+from grpo.reward_guard import RewardTimeoutError
 from grpo.training_loop import TrainState, iter_state_batches
 from tests.loop_toys import bandit_states, combined_reward, correct_arm, make_trainer, params_of
 
@@ -276,15 +279,17 @@ def test_optional_glossary_keys_appear_exactly_when_their_option_is_on() -> None
     assert optional == {
         "advantage/frac_dropped_groups",
         "reward/dropped_groups",
+        "eval/reward/dropped_groups",
         "sampler/is_weight_mean",
         "sampler/is_frac_capped",
     }
     always = set(glossary_keys())
     on = make_trainer(drop_zero_variance_groups=True, invalid_rewards="drop_groups", sampler_is_cap=2.0)
-    logged = set(on.step(bandit_states(4)))
+    logged = set(on.step(bandit_states(4))) | set(on.evaluate(bandit_states(4)))
     assert optional <= logged
     assert logged - always - optional == set(), "logged keys missing from docs/metrics.md"
-    assert not optional & set(make_trainer().step(bandit_states(4)))
+    plain = make_trainer()
+    assert not optional & (set(plain.step(bandit_states(4))) | set(plain.evaluate(bandit_states(4))))
 
 
 def test_throughput_is_samples_over_iteration_time() -> None:
@@ -303,6 +308,9 @@ class Recorder(Callback):
 
     def on_train_start(self, state: TrainState) -> None:
         self.calls.append(("start", state.step))
+
+    def on_metrics(self, state: TrainState, metrics: dict[str, float]) -> None:
+        self.calls.append(("metrics", int(metrics["step"])))
 
     def on_step_end(self, state: TrainState, metrics: Mapping[str, float]) -> None:
         self.calls.append(("step", int(metrics["step"])))
@@ -334,11 +342,15 @@ def test_callback_hooks_in_order() -> None:
     )
     assert rec.calls == [
         ("start", 0),
+        ("metrics", 1),
         ("step", 1),
         ("eval", 2),
+        ("metrics", 2),
         ("step", 2),
+        ("metrics", 3),
         ("step", 3),
         ("eval", 4),
+        ("metrics", 4),
         ("step", 4),
         ("end", 4),
     ]
@@ -399,10 +411,19 @@ def test_checkpoint_arguments_without_checkpoint_support(tmp_path: Path) -> None
 
 
 # ---- progress and summary ------------------------------------------------------------------
-def test_summary_printed_once_with_derived_quantities(capsys: pytest.CaptureFixture[str]) -> None:
+def test_summary_logged_once_with_derived_quantities(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     trainer = make_trainer(mini_batch_size=2, num_epochs_per_update=2)
-    trainer.train(bandit_states(4), num_steps=3, progress="log", log_every=100)
-    out = capsys.readouterr().out
+    with caplog.at_level(logging.INFO, logger="grpo.training_loop"):
+        trainer.train(bandit_states(4), num_steps=3, progress="log", log_every=100)
+    assert capsys.readouterr().out == ""  # logged, not printed
+    summaries = [
+        r for r in caplog.records if r.name == "grpo.training_loop" and "GRPOConfig(" in r.getMessage()
+    ]
+    assert len(summaries) == 1
+    assert summaries[0].levelno == logging.INFO
+    out = summaries[0].getMessage()
     assert out.count("GRPOConfig(") == 1
     assert re.search(r"samples_per_step\s+= 16\n", out)
     assert re.search(r"optimizer_steps_per_step\s+= 4\n", out)
@@ -419,7 +440,7 @@ def test_summary_logged_not_printed_when_silent(
     assert any("GRPOConfig(" in r.getMessage() for r in caplog.records)
 
 
-def test_progress_log_lines(caplog: pytest.LogCaptureFixture) -> None:
+def test_progress_log_lines(capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="grpo.training_loop"):
         make_trainer().train(
             bandit_states(4),
@@ -429,8 +450,10 @@ def test_progress_log_lines(caplog: pytest.LogCaptureFixture) -> None:
             eval_states=bandit_states(2),
             eval_every=2,
         )
+    assert capsys.readouterr().out == ""
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
     assert [ln.split(" (")[0] for ln in lines] == ["step 2/5", "step 4/5", "step 5/5"]
+    assert {r.name for r in caplog.records if r.getMessage().startswith("step ")} == {"grpo.training_loop"}
     assert re.search(
         r"steps/s\): reward/mean=\S+ reward/std=\S+ kl/ref=\S+ policy/entropy=\S+ "
         r"grad/norm=\S+ eval/reward/mean=\S+$",
@@ -446,3 +469,134 @@ def test_progress_bar_shows_reward_and_kl(capsys: pytest.CaptureFixture[str]) ->
     assert "reward=" in err
     assert "kl=" in err
     assert "step" in err
+
+
+PRINTS_NOTHING = """
+import logging, sys
+from tests.loop_toys import bandit_states, make_trainer
+if sys.argv[1] == "configured":
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s|%(message)s")
+make_trainer().train(bandit_states(4), num_steps=3, progress="log", log_every=1)
+"""
+
+
+@pytest.mark.parametrize("logging_setup", ["none", "configured"])
+def test_train_prints_nothing_to_stdout(logging_setup: str) -> None:
+    """Outside pytest's log capture: no handler configured -> nothing on stdout (the summary and
+    the progress lines are log records, dropped below WARNING); configured -> the summary once
+    and one line per step, on the logging stream."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", PRINTS_NOTHING, logging_setup],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=root,
+    )
+    assert out.stdout == ""
+    if logging_setup == "none":
+        assert "GRPOConfig(" not in out.stderr
+        assert "step 1/3" not in out.stderr
+    else:
+        assert out.stderr.count("GRPOConfig(") == 1
+        assert "grpo.training_loop|training configuration:" in out.stderr
+        steps = re.findall(r"^grpo\.training_loop\|(step \d/3) \(", out.stderr, flags=re.M)
+        assert steps == ["step 1/3", "step 2/3", "step 3/3"]
+
+
+# ---- on_metrics ----------------------------------------------------------------------------
+def test_on_metrics_adds_keys_that_sinks_history_and_on_step_end_see(tmp_path: Path) -> None:
+    class AddKey:  # any object with one of the hooks is a callback
+        def on_metrics(self, state: TrainState, metrics: dict[str, float]) -> None:
+            assert "eval/reward/mean" in metrics or state.step % 2 == 1  # after the evaluation
+            metrics["custom/double_step"] = 2.0 * state.step
+
+    seen: list[float] = []
+
+    class Check(Callback):
+        def on_step_end(self, state: TrainState, metrics: Mapping[str, float]) -> None:
+            seen.append(metrics["custom/double_step"])
+
+    path = tmp_path / "m.jsonl"
+    with JSONLSink(path) as sink:
+        run = make_trainer().train(
+            bandit_states(4),
+            num_steps=3,
+            eval_states=bandit_states(2),
+            eval_every=2,
+            callbacks=[AddKey(), Check()],
+            sinks=[sink],
+            progress=False,
+        )
+    assert [r["custom/double_step"] for r in read_jsonl(path)] == [2.0, 4.0, 6.0]
+    assert [r["custom/double_step"] for r in run.history] == [2.0, 4.0, 6.0]
+    assert seen == [2.0, 4.0, 6.0]
+
+
+# ---- evaluation under the trainer's reward settings ----------------------------------------
+def test_evaluate_drops_invalid_groups_and_counts_them() -> None:
+    """invalid_rewards='drop_groups': a group with a NaN reward leaves every eval/reward/* value
+    and is counted; a chunk whose every group is invalid (the last, 1-state chunk here) is
+    dropped whole instead of failing the evaluation."""
+    states = bandit_states(5, seed=4)  # chunks of batch_size=2: states 0-1, 2-3, 4
+    bad = {1, 4}
+
+    def reward(flat_states: Tensor, actions: Tensor) -> Tensor:
+        rows = [(states == row).all(-1).nonzero().flatten().tolist() for row in flat_states]
+        invalid = torch.tensor([bool(set(r) & bad) for r in rows])  # training states: valid
+        return torch.where(invalid, torch.nan, correct_arm(flat_states, actions))
+
+    trainer = make_trainer(reward=reward, batch_size=2, invalid_rewards="drop_groups")
+    ev = trainer.evaluate(states, seed=123)
+
+    torch.manual_seed(123)
+    kept = []
+    with torch.no_grad():
+        for lo, hi in ((0, 2), (2, 4), (4, 5)):
+            chunk = states[lo:hi]
+            actions = trainer.policy.generate_actions(chunk, 4).flatten(0, 1)
+            r = correct_arm(chunk.repeat_interleave(4, 0), actions)
+            kept += [r[4 * j : 4 * j + 4] for j in range(hi - lo) if lo + j not in bad]
+    r = torch.cat(kept).double()
+    assert r.numel() == 12
+    assert ev["eval/reward/dropped_groups"] == 2.0
+    assert ev["eval/reward/mean"] == pytest.approx(float(r.mean()), abs=1e-12)
+    assert ev["eval/reward/std"] == pytest.approx(float(r.std()), abs=1e-12)
+    assert ev["eval/reward/min"] == float(r.min())
+    assert ev["eval/reward/max"] == float(r.max())
+    assert all(math.isfinite(v) for v in ev.values())
+
+    run = trainer.train(bandit_states(4), num_steps=2, eval_states=states, eval_every=2, progress=False)
+    assert run.history[-1]["eval/reward/dropped_groups"] == 2.0
+    assert "eval/reward/dropped_groups" not in make_trainer().evaluate(states)
+
+
+def test_evaluate_raises_when_no_group_is_valid_or_invalid_rewards_raise() -> None:
+    def nan_reward(flat_states: Tensor, actions: Tensor) -> Tensor:
+        return torch.full((len(actions),), torch.nan)
+
+    trainer = make_trainer(reward=nan_reward, batch_size=2, invalid_rewards="drop_groups")
+    with pytest.raises(ValueError, match=r"every one of the 3 evaluation groups holds an invalid reward"):
+        trainer.evaluate(bandit_states(3))
+    assert trainer.policy.training  # training mode restored after the error
+    with pytest.raises(ValueError, match=r"invalid_rewards='drop_groups'"):
+        make_trainer(reward=nan_reward).evaluate(bandit_states(3))  # 'raise': the first NaN raises
+
+
+def test_evaluate_honours_reward_timeout() -> None:
+    release = threading.Event()
+
+    def slow(flat_states: Tensor, actions: Tensor) -> Tensor:
+        release.wait(30)
+        return correct_arm(flat_states, actions)
+
+    trainer = make_trainer(reward=slow, reward_timeout=0.2)
+    try:
+        with pytest.raises(RewardTimeoutError, match=r"did not return within .*reward_timeout=0\.2 s"):
+            trainer.evaluate(bandit_states(2))
+    finally:
+        release.set()  # let the background thread finish

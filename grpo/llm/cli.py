@@ -9,30 +9,36 @@ Options follow seed 003 (``--model-name``, ``--batch-size``, ``--num-epochs``, `
 ``--logging-steps``, ``--save-steps``, ``--use-wandb``, ``--device``, ...). ``--config FILE`` reads
 the same options from YAML or JSON (keys with ``-`` or ``_``); options on the command line win.
 
+Training runs on `GRPOTrainer.train` (`grpo.training_loop`): what the command adds to each step's
+record (the reward functions' counters, ``completion/*``, ``throughput/tokens_per_s``, ``lr``) and
+its checkpoints are callbacks; its outputs are metric sinks (`grpo.metric_sinks`).
+
 Writes ``<output-dir>/checkpoint-{step}/`` every ``--save-steps`` steps and
 ``<output-dir>/final_model/``: weights in safetensors plus the tokenizer, loadable with
 ``AutoModelForCausalLM.from_pretrained`` (full fine-tuning) or ``PeftModel.from_pretrained``
 (``--lora``), and ``trainer_state.json`` (step, options, last metrics). Metrics go to
-``<output-dir>/metrics.jsonl`` every ``--logging-steps`` steps (and to W&B with ``--use-wandb``).
+``<output-dir>/metrics.jsonl`` (appended, one `JSONLSink` line per logged step; non-finite values
+as ``NaN`` / ``Infinity``), to the ``grpo.llm`` logger and to W&B with ``--use-wandb``, every
+``--logging-steps`` steps and at the last step.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import json
 import logging
-import math
-import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from grpo.callbacks import Callback, TrainState
 from grpo.config import GRPOConfig
 from grpo.distributed import get_world_size, is_main_process, main_process_only, rank_batches
 from grpo.llm._deps import require
@@ -50,6 +56,7 @@ from grpo.llm.rewards import (
     overlong_penalty,
     tag_content,
 )
+from grpo.metric_sinks import JSONLSink, LoggingSink, PeriodicSink, WandbSink
 from grpo.trainer import GRPOTrainer
 
 __all__ = ["build_parser", "main", "parse_args", "train"]
@@ -182,6 +189,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--model-name is required (on the command line or in --config).")
     if not args.dataset:
         parser.error("--dataset is required (a .jsonl/.json file or a datasets.save_to_disk directory).")
+    if args.logging_steps < 1:
+        parser.error(f"--logging-steps={args.logging_steps} must be >= 1.")
     if args.batch_size % args.gradient_accumulation_steps:
         parser.error(
             f"--gradient-accumulation-steps={args.gradient_accumulation_steps} must divide "
@@ -276,6 +285,69 @@ def _save(
         main_process_only(write_all, None)
 
 
+class _StepMetrics(Callback):
+    """What ``grpo-train`` adds to each step's record (`on_metrics`, before the sinks): the reward
+    functions' ``last_metrics``, ``completion/tokens``, ``completion/mean_length``,
+    ``throughput/tokens_per_s`` and ``lr`` (the learning rate after the step). `batches` wraps the
+    source of batches to know each step's number of prompts."""
+
+    def __init__(self, policy: CausalLMPolicy, rewards: RewardFunctions, group_size: int) -> None:
+        self.policy = policy
+        self.rewards = rewards
+        self.group_size = group_size
+        self.num_prompts = 0
+
+    def batches(self, source: Iterable[list[Any]]) -> Iterator[list[Any]]:
+        for batch in source:
+            self.num_prompts = len(batch)
+            yield batch
+
+    def on_metrics(self, state: TrainState, metrics: dict[str, float]) -> None:
+        metrics.update(self.rewards.last_metrics)
+        tokens = float(self.policy.last_generation.get("completion_tokens", 0.0))
+        metrics["completion/tokens"] = tokens
+        metrics["completion/mean_length"] = tokens / max(self.num_prompts * self.group_size, 1)
+        metrics["throughput/tokens_per_s"] = tokens / max(metrics["time/step"], 1e-9)
+        optimizer = state.trainer.optimizer
+        metrics["lr"] = float(optimizer.param_groups[0]["lr"]) if optimizer is not None else 0.0
+
+
+class _SaveCheckpoints(Callback):
+    """``<output-dir>/checkpoint-{step}/`` every ``--save-steps`` steps (0 = never). Runs on every
+    process: `_save` is collective under DeepSpeed ZeRO-3, and rank 0 writes."""
+
+    def __init__(self, policy: CausalLMPolicy, out_dir: Path, args: argparse.Namespace) -> None:
+        self.policy = policy
+        self.out_dir = out_dir
+        self.args = args
+
+    def on_step_end(self, state: TrainState, metrics: Mapping[str, float]) -> None:
+        every = self.args.save_steps
+        if every and state.step % every == 0:
+            path = self.out_dir / f"checkpoint-{state.step}"
+            _save(self.policy, path, state.step, self.args, dict(metrics))
+
+
+def _sinks(args: argparse.Namespace, out_dir: Path, stack: contextlib.ExitStack) -> list[PeriodicSink]:
+    """Rank 0's sinks, each writing every ``--logging-steps`` steps and at the last step:
+    ``metrics.jsonl`` (appended), a ``grpo.llm`` log line, and W&B with ``--use-wandb``. Closed
+    (the W&B run finished) when ``stack`` exits."""
+    jsonl = JSONLSink(out_dir / "metrics.jsonl", append=True)
+    stack.callback(jsonl.close)
+    inner: list[Any] = [jsonl, LoggingSink(logger, keys=("reward/mean", "kl/ref", "throughput/tokens_per_s"))]
+    if args.use_wandb:
+        try:
+            wandb = WandbSink(project=args.wandb_project, name=args.wandb_run_name, config=vars(args))
+        except ImportError as e:
+            raise ImportError(f"--use-wandb needs Weights & Biases: {e}") from e
+        stack.callback(wandb.close)
+        inner.append(wandb)
+    sinks = [PeriodicSink(s, args.logging_steps) for s in inner]
+    for sink in sinks:
+        stack.callback(sink.flush)  # a held record is written before its sink closes (LIFO)
+    return sinks
+
+
 def train(args: argparse.Namespace) -> dict[str, float]:
     """Run the training described by ``args``; return the last step's metrics."""
     transformers = require("transformers")
@@ -350,66 +422,35 @@ def train(args: argparse.Namespace) -> dict[str, float]:
     out_dir = Path(args.output_dir)
     if main_proc:
         out_dir.mkdir(parents=True, exist_ok=True)
-    run = None
-    if args.use_wandb and main_proc:
-        try:
-            wandb = importlib.import_module("wandb")
-        except ImportError as e:
-            raise ImportError(f"--use-wandb needs Weights & Biases ({e}); pip install wandb") from e
-        run = wandb.init(project=args.wandb_project, name=args.wandb_run_name, config=vars(args))
-    bar = None
-    if not args.no_progress and main_proc:
-        bar = require("tqdm").tqdm(total=total, desc="grpo", unit="step", dynamic_ncols=True)
-    logger.info("%s\n%d prompts, %d steps", config, len(dataset), total)
-    metrics: dict[str, float] = {}
-    log_path = out_dir / "metrics.jsonl"
-    t_start = time.perf_counter()
-    # each global batch from the prompt list, cut into this rank's share (identity on one process)
-    batches = rank_batches(
-        dataset.records,
-        dataset.batches(global_batch, seed=args.seed, epochs=args.num_epochs, drop_last=drop_last),
+    logger.info("%d prompts, %d steps", len(dataset), total)
+    step_metrics = _StepMetrics(policy, rewards, args.num_generations)
+    # each global batch from the prompt list, cut into this rank's share (identity on one
+    # process); train() takes this generator as an iterator of per-rank batches, used as is
+    batches = step_metrics.batches(
+        rank_batches(
+            dataset.records,
+            dataset.batches(global_batch, seed=args.seed, epochs=args.num_epochs, drop_last=drop_last),
+        )
     )
-    with open(log_path if main_proc else os.devnull, "a", encoding="utf-8") as log_file:
-        for step, local in enumerate(batches, 1):
-            if step > total:
-                break
-            metrics = trainer.step(local)
-            metrics.update(rewards.last_metrics)
-            gen = policy.last_generation
-            metrics["completion/tokens"] = gen.get("completion_tokens", 0.0)
-            metrics["completion/mean_length"] = metrics["completion/tokens"] / (
-                len(local) * args.num_generations
-            )
-            metrics["throughput/tokens_per_s"] = metrics["completion/tokens"] / max(
-                metrics["time/step"], 1e-9
-            )
-            metrics["lr"] = float(trainer.optimizer.param_groups[0]["lr"]) if trainer.optimizer else 0.0
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(
-                    reward=f"{metrics['reward/mean']:.3f}", tok_s=f"{metrics['throughput/tokens_per_s']:.0f}"
-                )
-            if step % args.logging_steps == 0 or step == total:
-                finite = {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
-                log_file.write(json.dumps(finite) + "\n")
-                log_file.flush()
-                if main_proc:
-                    logger.info("step %d: reward %.4f", step, metrics["reward/mean"])
-                if run is not None:
-                    run.log(metrics, step=step)
-            if args.save_steps and step % args.save_steps == 0:
-                _save(policy, out_dir / f"checkpoint-{step}", step, args, metrics)
-    if bar is not None:
-        bar.close()
-    _save(policy, out_dir / "final_model", trainer.step_count, args, metrics)
+    t_start = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        sinks = _sinks(args, out_dir, stack) if main_proc else []
+        state = trainer.train(
+            batches,
+            num_steps=total,
+            callbacks=[step_metrics, _SaveCheckpoints(policy, out_dir, args)],
+            sinks=sinks,
+            progress=False if args.no_progress else "bar",
+        )
+        metrics = state.history[-1] if state.history else {}
+        final = out_dir / "final_model"
+        _save(policy, final, trainer.step_count, args, metrics)
     logger.info(
         "done: %d steps in %.1f s; final model in %s",
         trainer.step_count,
         time.perf_counter() - t_start,
-        out_dir,
+        final,
     )
-    if run is not None:
-        run.finish()
     return metrics
 
 
