@@ -16,10 +16,12 @@ A policy with no trainable tensor gets no optimizer and no backend (nothing is t
 from __future__ import annotations
 
 import copy
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -34,13 +36,65 @@ from grpo.deepspeed_engine import (
     policy_is_partitioned,
     training_module,
 )
-from grpo.distributed import DistributedSync
+from grpo.distributed import DistributedSync, setup_distributed
 from grpo.experience_collector import same_device
 from grpo.lr_schedules import build_scheduler
 from grpo.optim import default_optimizer
-from grpo.policy_base import PolicyModel, policy_parameters
+from grpo.policy_base import PolicyModel, check_policy, policy_parameters
+from grpo.reward_model_base import RewardModel, as_reward_model
 
-__all__ = ["BackendSetup", "make_backend", "make_reference", "reference_module", "refresh_reference"]
+__all__ = [
+    "BackendSetup",
+    "checked_inputs",
+    "join_processes",
+    "make_backend",
+    "make_reference",
+    "reference_module",
+    "refresh_reference",
+    "resolve_device",
+    "seed_everything",
+]
+
+
+def resolve_device(name: str) -> torch.device:
+    """``'auto'`` -> cuda when available else cpu; anything else as given."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators (CPU and CUDA)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def checked_inputs(
+    config: GRPOConfig, policy: PolicyModel, reward_model: Any, reference_policy: PolicyModel | None
+) -> RewardModel:
+    """The constructor's arguments checked (clear errors naming what is missing); the reward as a
+    `RewardModel`."""
+    if not isinstance(config, GRPOConfig):
+        raise TypeError(f"config must be a GRPOConfig, got {type(config).__name__}.")
+    check_policy(policy, "policy")
+    reward = as_reward_model(reward_model, "reward_model")
+    if reference_policy is not None:
+        check_policy(reference_policy, "reference_policy")
+    return reward
+
+
+def join_processes(config: GRPOConfig) -> tuple[torch.device, DistributedSync | None]:
+    """The device, and the process group under torchrun (None on one process); seeds the global
+    RNGs with ``seed + rank`` so that ranks sample different actions."""
+    device = resolve_device(config.device)
+    sync = setup_distributed(config.distributed, device)
+    rank = 0
+    if sync is not None:
+        device, rank = sync.device, sync.rank
+    if config.seed is not None:
+        seed_everything(config.seed + rank)
+    return device, sync
 
 
 @dataclass

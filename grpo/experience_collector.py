@@ -612,13 +612,8 @@ class ExperienceCollector:
         """Sample G actions per state, score them, and record old/ref log-probs (no gradient)."""
         return self.collect_for_update(states, generate_kwargs)
 
-    def collect_for_update(
-        self, states: Any, generate_kwargs: dict[str, Any], *, record_old: Callable[[int], bool] | None = None
-    ) -> ExperienceBatch:
-        """`collect`, recording ``old_log_probs`` (and so the mask) only when ``record_old(B)``
-        says the update of B states needs them before its forwards (`grpo.update_plan`); None =
-        ``record_old_log_probs``. Otherwise they come from the update's first forwards, saving a
-        policy forward."""
+    def _checked_states(self, states: Any) -> Any:
+        """``states`` as the collector takes them (a Tensor moved to the device), or a clear error."""
         if isinstance(states, Tensor):
             if states.dim() == 0 or states.shape[0] == 0:
                 raise ValueError(
@@ -634,6 +629,55 @@ class ExperienceCollector:
             )
         elif len(states) == 0:
             raise ValueError("states is empty; step() needs at least one state.")
+        return states
+
+    def _record_log_probs(
+        self,
+        batch: ExperienceBatch,
+        behaviour: Tensor | PolicyOutput | None,
+        n: int,
+        kept: Tensor | None,
+        record: bool,
+    ) -> None:
+        """Fill the new batch's sampler / behaviour / reference log-probs and mask (under no_grad,
+        before `collect_for_update` returns it). ``behaviour``: what the sampler reported with its
+        actions for its ``n`` samples, before groups were dropped (``kept``: the kept rows)."""
+        sampler = self.record_sampler_log_probs
+        reported: LogProbs | None = None
+        if behaviour is not None:
+            where = _where(self.policy, "generate_actions_with_log_probs")
+            reported = _normalise(behaviour, n, where, self.device)
+            if kept is not None:  # groups were dropped after generation
+                reported = LogProbs(select_rows(reported.log_probs, kept), select_rows(reported.mask, kept))
+            if sampler:
+                batch.sampler_log_probs = reported.log_probs.detach()
+        elif sampler:
+            raise TypeError(
+                f"{_where(self.policy, 'generate_actions_with_log_probs')} is needed to correct a "
+                f"sampler/trainer mismatch (sampler_is_cap): the policy must report the sampler's "
+                f"log-probs of its actions."
+            )
+        if record:
+            if reported is not None and not sampler:
+                old = reported  # the sampler's log-probs are the behaviour log-probs
+            else:
+                old = evaluate_log_probs(self.policy, batch, device=self.device)
+            batch.old_log_probs, batch.mask = old.log_probs.detach(), old.mask
+        if self.reference_policy is not None:
+            set_training_mode(self.reference_policy, False)
+            ref = evaluate_log_probs(self.reference_policy, batch, device=self.device)
+            batch.ref_log_probs = ref.log_probs.detach()
+            if batch.mask is None:
+                batch.mask = ref.mask
+
+    def collect_for_update(
+        self, states: Any, generate_kwargs: dict[str, Any], *, record_old: Callable[[int], bool] | None = None
+    ) -> ExperienceBatch:
+        """`collect`, recording ``old_log_probs`` (and so the mask) only when ``record_old(B)``
+        says the update of B states needs them before its forwards (`grpo.update_plan`); None =
+        ``record_old_log_probs``. Otherwise they come from the update's first forwards, saving a
+        policy forward."""
+        states = self._checked_states(states)
         num_states = len(states)
         record = self.record_old_log_probs if record_old is None else record_old(num_states)
         timings: dict[str, float] = {}
@@ -670,34 +714,7 @@ class ExperienceCollector:
                 reward_components=comps,
                 dropped_groups=num_states - len(states),
             )
-            reported: LogProbs | None = None
-            if behaviour is not None:
-                where = _where(self.policy, "generate_actions_with_log_probs")
-                reported = _normalise(behaviour, n, where, self.device)
-                if kept is not None:  # groups were dropped after generation
-                    reported = LogProbs(
-                        select_rows(reported.log_probs, kept), select_rows(reported.mask, kept)
-                    )
-                if sampler:
-                    batch.sampler_log_probs = reported.log_probs.detach()
-            elif sampler:
-                raise TypeError(
-                    f"{_where(self.policy, 'generate_actions_with_log_probs')} is needed to correct a "
-                    f"sampler/trainer mismatch (sampler_is_cap): the policy must report the sampler's "
-                    f"log-probs of its actions."
-                )
-            if record:
-                if reported is not None and not sampler:
-                    old = reported  # the sampler's log-probs are the behaviour log-probs
-                else:
-                    old = evaluate_log_probs(self.policy, batch, device=self.device)
-                batch.old_log_probs, batch.mask = old.log_probs.detach(), old.mask
-            if self.reference_policy is not None:
-                set_training_mode(self.reference_policy, False)
-                ref = evaluate_log_probs(self.reference_policy, batch, device=self.device)
-                batch.ref_log_probs = ref.log_probs.detach()
-                if batch.mask is None:
-                    batch.mask = ref.mask
+            self._record_log_probs(batch, behaviour, n, kept, record)
             timings = {"generate": t1 - t0, "score": t2 - t1, "logprobs": time.perf_counter() - t2}
         batch.timings = timings
         return batch

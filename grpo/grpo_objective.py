@@ -138,6 +138,20 @@ _STAT_METRICS: tuple[tuple[str, str], ...] = (
 )
 
 
+def _as(v: Tensor, dtype: torch.dtype) -> Tensor:
+    return v if v.dtype == dtype else v.to(dtype)
+
+
+def _stacked_sums(raw: list[Tensor], mf: Tensor, w: Tensor | None, normaliser: Tensor | float) -> Tensor:
+    """The k rows' weighted sums, then their masked sums (2k,), with one matrix product on their
+    stack (fewest dispatches for small inputs); ``w`` None: the weights are ``mf / normaliser``."""
+    stack = torch.stack([_as(v, mf.dtype) for v in raw]).reshape(len(raw), -1)
+    if w is None:
+        masked = (mf.reshape(1, -1) @ stack.T).view(-1)
+        return torch.cat([masked / normaliser, masked])  # weighted, then masked sums
+    return (torch.stack([_as(w, mf.dtype), mf]).view(2, -1) @ stack.T).view(-1)
+
+
 def update_metrics(stats: Tensor, extremes: Tensor, optimizer_steps: int) -> tuple[dict[str, float], float]:
     """The update's metrics from its objective statistics: ``stats`` summed over every
     micro-batch of every optimizer step, ``extremes`` merged with ``torch.maximum``. Returns the
@@ -419,6 +433,20 @@ class GRPOObjective:
             return self._fused(
                 logp, logp_old, advantages, mask, normaliser, logp_ref, entropy, on_policy, is_weights
             )
+        return self._composed(logp, logp_old, advantages, mask, normaliser, logp_ref, entropy, is_weights)
+
+    def _composed(
+        self,
+        logp: Tensor,
+        logp_old: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        normaliser: Tensor | float,
+        logp_ref: Tensor | None,
+        entropy: Tensor | None,
+        is_weights: Tensor | None,
+    ) -> ObjectiveOutput:
+        """The objective composed from the pure functions, through autograd (any loss / KL)."""
         mf = mask.to(logp.dtype)  # the one float mask, shared by every masked sum below
         agg, z = self.aggregation, normaliser
         pg = self.policy_term(logp, logp_old, advantages, mask)
@@ -480,40 +508,12 @@ class GRPOObjective:
         c = self.log_ratio_clamp
         with torch.no_grad():
             x = logp  # no graph is recorded under no_grad
-            log_lo, minus_c, log_cap, log_hi = self._log_bounds(x.dtype, x.device)
             mf = mask.to(x.dtype)
             w = self._weights(mf, normaliser)  # None: the weight is mf / normaliser
             adv = advantages.unsqueeze(-1) if advantages.dim() == x.dim() - 1 else advantages
-            ratio: Tensor | None = None  # None: on-policy, ratio 1 (see _statistics)
-            lrc = clip_low = clip_high = None
-            if on_policy:
-                # log-ratio 0: ratio exp(0) = 1, inside every clip bound, so pg = -A and its
-                # gradient is pg: what the general branch computes, bitwise, in a few ops
-                pg = (-adv).to(x.dtype).expand_as(x).clone()
-                if is_weights is not None:
-                    pg.mul_(is_weights)
-                g = pg.clone()
-            else:
-                neg = adv < 0
-                log_ratio = x - logp_old
-                lrc = log_ratio.clamp(-c, c)
-                ratio = lrc.exp()
-                # the PPO clip and the log-ratio clamp as one clamp of the log-ratio with per-sample
-                # bounds: [-c, log(1 + eps_high)] for A >= 0, [log(1 - eps_low), log c_dual] for A < 0
-                clamped = log_ratio.clamp(
-                    torch.where(neg, log_lo, minus_c), torch.where(neg, log_cap, log_hi)
-                )
-                # clipped as the composed path counts them: the clamped ratio outside the clip
-                # range (a bound set by the log-ratio clamp alone is not a clip)
-                clip_low = (ratio < 1.0 - self.eps_low) & neg
-                clip_high = (ratio > 1.0 + self.eps_high) & (adv > 0)
-                active = clamped == log_ratio
-                del log_ratio  # (temporaries are released as soon as possible: peak memory)
-                pg = clamped.exp_().mul_(-adv)  # in the clamped log-ratio's buffer
-                if is_weights is not None:
-                    pg.mul_(is_weights)
-                g = pg * active  # d pg / d logp: no gradient where clamped (pg is finite)
-                del active, clamped
+            pg, g, ratio, lrc, clip_low, clip_high = self._fused_policy_term(
+                x, logp_old, adv, on_policy, is_weights
+            )
             kl = None
             if logp_ref is not None:
                 kl, kl_grad = kl_and_grad(x, logp_ref, self.kl_estimator, c)
@@ -526,26 +526,54 @@ class GRPOObjective:
                     g = g.add_(x, alpha=self.entropy_coeff)  # d/dlogp of -c_H * lp (lp - logp - 1)
                 elif entropy.requires_grad:
                     g_ent = (
-                        (mf * -self.entropy_coeff).div_(normaliser)
-                        if w is None
-                        else w * (-self.entropy_coeff)
+                        (mf * -self.entropy_coeff).div_(normaliser) if w is None else w * -self.entropy_coeff
                     )
             g = g.mul_(mf).div_(normaliser) if w is None else g.mul_(w)
             rows = {
-                "policy": pg,
-                "kl": kl,
+                "policy": pg, "kl": kl, "clip_low": clip_low, "clip_high": clip_high, "ratio": ratio,
                 "entropy": entropy if entropy is not None else x,  # -logp: sign in the projection
-                "clip_low": clip_low,
-                "clip_high": clip_high,
-                "ratio": ratio,
-                "log_ratio": lrc,
-                "logp": x,
-            }
+                "log_ratio": lrc, "logp": x,
+            }  # fmt: skip
             stats, extremes = self._statistics(
                 rows, mask, mf, w, normaliser, logp_ref is not None, entropy is None
             )
         loss: Tensor = _FusedLoss.apply(logp, entropy, stats[0], g, g_ent)  # type: ignore[no-untyped-call]
         return ObjectiveOutput(loss, stats, extremes)
+
+    def _fused_policy_term(
+        self, x: Tensor, logp_old: Tensor, adv: Tensor, on_policy: bool, is_weights: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+        """The clipped policy term of `_fused` (under no_grad): per-step loss ``pg``, its
+        derivative ``g`` w.r.t. logp, and the ratio, clamped log-ratio and clip masks (None
+        on-policy: ratio 1, nothing clipped)."""
+        if on_policy:
+            # log-ratio 0: ratio exp(0) = 1, inside every clip bound, so pg = -A and its
+            # gradient is pg: what the general branch computes, bitwise, in a few ops
+            pg = (-adv).to(x.dtype).expand_as(x).clone()
+            if is_weights is not None:
+                pg.mul_(is_weights)
+            return pg, pg.clone(), None, None, None, None
+        c = self.log_ratio_clamp
+        log_lo, minus_c, log_cap, log_hi = self._log_bounds(x.dtype, x.device)
+        neg = adv < 0
+        log_ratio = x - logp_old
+        lrc = log_ratio.clamp(-c, c)
+        ratio = lrc.exp()
+        # the PPO clip and the log-ratio clamp as one clamp of the log-ratio with per-sample
+        # bounds: [-c, min(c, log(1 + eps_high))] for A >= 0, [max(-c, log(1 - eps_low)),
+        # min(c, log c_dual)] for A < 0
+        clamped = log_ratio.clamp(torch.where(neg, log_lo, minus_c), torch.where(neg, log_cap, log_hi))
+        # clipped as the composed path counts them: the clamped ratio outside the clip range (a
+        # bound set by the log-ratio clamp alone is not a clip)
+        clip_low = (ratio < 1.0 - self.eps_low) & neg
+        clip_high = (ratio > 1.0 + self.eps_high) & (adv > 0)
+        active = clamped == log_ratio
+        del log_ratio  # (temporaries are released as soon as possible: peak memory)
+        pg = clamped.exp_().mul_(-adv)  # in the clamped log-ratio's buffer
+        if is_weights is not None:
+            pg.mul_(is_weights)
+        g = pg * active  # d pg / d logp: no gradient where clamped (pg is finite)
+        return pg, g, ratio, lrc, clip_low, clip_high
 
     def _log_bounds(self, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, ...]:
         """0-d tensors ``max(-c, log(1 - eps_low))``, ``-c``, ``min(c, log c_dual)``,
@@ -598,59 +626,52 @@ class GRPOObjective:
         """
         dtype = mf.dtype if mf.dtype in (torch.float32, torch.float64) else torch.float32
         names = tuple(k for k in _ROWS if k == "mask" or rows.get(k) is not None)
-        on_policy = "ratio" not in names
-        k = len(names)
-
-        def as_dtype(v: Tensor) -> Tensor:
-            return v if v.dtype == dtype else v.to(dtype)
-
-        raw = [mf if name == "mask" else rows[name] for name in names]
-        mf = as_dtype(mf)
+        raw = [mf if name == "mask" else rows[name] for name in names]  # converted where reduced
         proj = self._projection(dtype, mf.device, names, has_ref, entropy_is_logp)
-        steps_at = k + names.index("mask")  # index of the valid-step count in the reduced sums
         if mf.numel() <= _SMALL:  # few elements: fewest ops (the per-op cost dominates)
-            stack = torch.stack([as_dtype(v) for v in raw]).reshape(k, -1)  # type: ignore[arg-type]
-            if w is None:
-                masked = (mf.reshape(1, -1) @ stack.T).view(-1)
-                reduced = torch.cat([masked / normaliser, masked])  # weighted, then masked sums
-            else:
-                reduced = (torch.stack([as_dtype(w), mf]).view(2, -1) @ stack.T).view(-1)
-            if on_policy:
-                extremes = self._on_policy_extremes(reduced[steps_at], dtype)
-            else:
-                ratio = as_dtype(rows["ratio"])  # type: ignore[arg-type]
-                signed = torch.stack([-ratio, ratio])
-                extremes = torch.where(mask, signed, -torch.inf).reshape(2, -1).amax(1)
+            reduced = _stacked_sums(raw, _as(mf, dtype), w, normaliser)  # type: ignore[arg-type]
+            steps = reduced[len(names) + names.index("mask")]
         else:  # many: no stacked copy of the rows; one dot product per sum that a stat uses
-            mff = mf.reshape(-1)
+            reduced, used = self._dot_sums(raw, names, _as(mf, dtype), w, normaliser)  # type: ignore[arg-type]
+            proj = proj[list(used)]
+            steps = reduced[used.index(len(names) + names.index("mask"))]
+        ratio = rows.get("ratio")
+        if ratio is None:  # on-policy: ratio 1 on every valid step
+            extremes = self._on_policy_extremes(steps, dtype)
+        elif mf.numel() <= _SMALL:
+            signed = torch.stack([-_as(ratio, dtype), _as(ratio, dtype)])
+            extremes = torch.where(mask, signed, -torch.inf).reshape(2, -1).amax(1)
+        else:
+            # min / max over valid steps with one temporary: invalid steps hold the valid mean,
+            # which lies between the valid min and max (none valid: -inf for both entries).
+            # lerp(mean, r, m) is exactly r where m = 1 and the mean where m = 0, and on CPU ~10x
+            # faster than torch.where with a scalar on large tensors
+            r = _as(ratio, dtype)
+            ratio_sum = reduced[used.index(len(names) + names.index("ratio"))]
+            lo, hi = torch.aminmax(torch.lerp((ratio_sum / steps).expand_as(r), r, _as(mf, dtype)))
+            extremes = torch.where(steps > 0, torch.stack([-lo, hi]).to(dtype), -torch.inf)
+        return reduced @ proj, extremes
+
+    @staticmethod
+    def _dot_sums(
+        raw: list[Tensor], names: tuple[str, ...], mf: Tensor, w: Tensor | None, normaliser: Tensor | float
+    ) -> tuple[Tensor, tuple[int, ...]]:
+        """The weighted and masked sums a stat uses, one dot product each (no stacked copy of the
+        rows), and their indices among the 2k sums of `_stacked_sums`."""
+        k = len(names)
+        mff = mf.reshape(-1)
+        if w is None:
             # rows are converted one dot at a time (a bool row's float copy lives for one dot)
-            if w is None:
-                masked = torch.stack([torch.dot(as_dtype(v).reshape(-1), mff) for v in raw])  # type: ignore[arg-type]
-                reduced = torch.cat([masked / normaliser, masked])
-                used = tuple(range(2 * k))
-            else:
-                wf = as_dtype(w).reshape(-1)
-                used = tuple(i for i, n in enumerate(names) if n in _WEIGHTED_ROWS) + tuple(
-                    k + i for i, n in enumerate(names) if n != "policy"
-                )
-                reduced = torch.stack(
-                    [torch.dot(as_dtype(raw[i % k]).reshape(-1), wf if i < k else mff) for i in used]  # type: ignore[arg-type]
-                )
-                proj = proj[list(used)]
-            steps = reduced[used.index(steps_at)]
-            if on_policy:
-                extremes = self._on_policy_extremes(steps, dtype)
-            else:
-                # min / max over valid steps with one temporary: invalid steps hold the valid mean,
-                # which lies between the valid min and max (none valid: -inf for both entries)
-                ratio_sum = reduced[used.index(k + names.index("ratio"))]
-                r = as_dtype(rows["ratio"])  # type: ignore[arg-type]
-                # lerp(mean, r, m) is exactly r where m = 1 and the mean where m = 0, and on CPU
-                # ~10x faster than torch.where with a scalar on large tensors
-                lo, hi = torch.aminmax(torch.lerp((ratio_sum / steps).expand_as(r), r, mf))
-                extremes = torch.where(steps > 0, torch.stack([-lo, hi]).to(dtype), -torch.inf)
-        stats = reduced @ proj
-        return stats, extremes
+            masked = torch.stack([torch.dot(_as(v, mf.dtype).reshape(-1), mff) for v in raw])
+            return torch.cat([masked / normaliser, masked]), tuple(range(2 * k))
+        wf = _as(w, mf.dtype).reshape(-1)
+        used = tuple(i for i, n in enumerate(names) if n in _WEIGHTED_ROWS) + tuple(
+            k + i for i, n in enumerate(names) if n != "policy"
+        )
+        reduced = torch.stack(
+            [torch.dot(_as(raw[i % k], mf.dtype).reshape(-1), wf if i < k else mff) for i in used]
+        )
+        return reduced, used
 
     def _on_policy_extremes(self, steps: Tensor, dtype: torch.dtype) -> Tensor:
         """``(-min rho, max rho) = (-1, 1)`` when there are valid steps, else ``-inf`` for both."""

@@ -19,13 +19,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import random
 import time
 import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -33,16 +31,22 @@ from grpo.advantage_estimator import AdvantageEstimator, AdvantageFn, Advantages
 from grpo.backends import Backend
 from grpo.config import GRPOConfig
 from grpo.denormals import flush_denormals_on, restore_denormals
-from grpo.distributed import setup_distributed
-from grpo.engine_setup import make_backend, make_reference, reference_module, refresh_reference
+from grpo.engine_setup import (
+    checked_inputs,
+    join_processes,
+    make_backend,
+    make_reference,
+    reference_module,
+    refresh_reference,
+)
 from grpo.experience_collector import ExperienceBatch, ExperienceCollector
 from grpo.grpo_objective import GRPOObjective
 from grpo.guard import UpdateGuard
 from grpo.kl import KLFn
 from grpo.metrics import StepCounts
-from grpo.policy_base import EntropyRequest, PolicyModel, check_policy, has_method
+from grpo.policy_base import EntropyRequest, PolicyModel, has_method
 from grpo.policy_losses import PolicyLossFn
-from grpo.reward_model_base import RewardModel, as_reward_model
+from grpo.reward_model_base import RewardModel
 from grpo.trainer_state import TrainerStateMixin
 from grpo.update import UpdateParts, run_update
 from grpo.update_plan import UpdatePlan
@@ -53,20 +57,6 @@ if TYPE_CHECKING:
 __all__ = ["GRPOConfig", "GRPOTrainer"]
 
 logger = logging.getLogger(__name__)
-
-
-def resolve_device(name: str) -> torch.device:
-    """``'auto'`` -> cuda when available else cpu; anything else as given."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's global generators (CPU and CUDA)."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 class GRPOTrainer(TrainerStateMixin):
@@ -99,20 +89,9 @@ class GRPOTrainer(TrainerStateMixin):
         loss_fn: PolicyLossFn | None = None,
         kl_fn: KLFn | None = None,
     ) -> None:
-        if not isinstance(config, GRPOConfig):
-            raise TypeError(f"config must be a GRPOConfig, got {type(config).__name__}.")
-        check_policy(policy, "policy")
-        reward = as_reward_model(reward_model, "reward_model")
-        if reference_policy is not None:
-            check_policy(reference_policy, "reference_policy")
+        reward = checked_inputs(config, policy, reward_model, reference_policy)
         self.config = config
-        self.device = resolve_device(config.device)
-        self.distributed = setup_distributed(config.distributed, self.device)  # None: one process
-        rank = 0
-        if self.distributed is not None:
-            self.device, rank = self.distributed.device, self.distributed.rank
-        if config.seed is not None:
-            seed_everything(config.seed + rank)  # ranks sample different actions
+        self.device, self.distributed = join_processes(config)  # distributed: None on one process
         self._generator = torch.Generator().manual_seed(0 if config.seed is None else config.seed)
         self.policy: PolicyModel = _moved(policy, self.device)
         self.reward_model: RewardModel = _moved(reward, self.device)
@@ -148,15 +127,19 @@ class GRPOTrainer(TrainerStateMixin):
         self.objective = GRPOObjective.from_config(config, loss_fn=loss_fn, kl_fn=kl_fn)
         self._check_sampler_correction()
         self.guard: UpdateGuard = UpdateGuard(config.non_finite)
-        self._update: UpdateParts | None = None
-        if self.backend is not None and self.optimizer is not None:
-            self._update = UpdateParts(
-                self.policy, self.objective, self.plan, self.backend, self.guard, self.params,
-                self.optimizer, self.scheduler, self.device, self._entropy_request(), config.sampler_is_cap,
-            )  # fmt: skip
+        self._update = self._update_parts()
         self.step_count = 0
         self._warned_nothing_to_train = False
         self._checkpoint_components: dict[str, Any] = {}
+
+    def _update_parts(self) -> UpdateParts | None:
+        """The parts of the update (None when there is nothing to train)."""
+        if self.backend is None or self.optimizer is None:
+            return None
+        return UpdateParts(
+            self.policy, self.objective, self.plan, self.backend, self.guard, self.params, self.optimizer,
+            self.scheduler, self.device, self._entropy_request(), self.config.sampler_is_cap,
+        )  # fmt: skip
 
     def _entropy_request(self) -> EntropyRequest:
         """The exact entropy from ``evaluate_actions``: differentiable only when the loss trains it."""
