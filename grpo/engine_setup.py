@@ -277,6 +277,17 @@ def reference_module(reference: PolicyModel | None, deepspeed: DeepSpeedBackend 
     return module
 
 
+def _fsdp_module(policy: PolicyModel) -> nn.Module | None:
+    """The policy's module when FSDP2 sharded it, else None."""
+    from grpo.fsdp_backend import is_fsdp_sharded
+
+    try:
+        module = training_module(policy)
+    except TypeError:
+        return None
+    return module if is_fsdp_sharded(module) else None
+
+
 def refresh_reference(
     policy: PolicyModel, reference: PolicyModel | None, deepspeed: DeepSpeedBackend | None
 ) -> PolicyModel | None:
@@ -293,6 +304,12 @@ def refresh_reference(
                 f"Set reference_update_freq=None."
             )
         copy_partitioned_weights(deepspeed.engine.module, target)
+        return reference
+    sharded = _fsdp_module(policy)
+    if sharded is not None:  # FSDP: gather the full weights on every rank into the whole copy
+        from grpo.fsdp_backend import full_state_dict
+
+        training_module(reference).load_state_dict(full_state_dict(sharded, rank0_only=False))
         return reference
     if isinstance(reference, nn.Module) and isinstance(policy, nn.Module):
         reference.load_state_dict(policy.state_dict())

@@ -9,11 +9,18 @@ before the check, and no snapshot is taken.
 
 Cost: one copy of the parameters and of the optimizer state (for Adam, 3x the parameters' memory)
 on their own device, for the duration of the update.
+
+Sharded tensors (``DTensor``, e.g. the parameters and Adam moments under FSDP2,
+`grpo.fsdp_backend`) are copied shard by shard: each process saves and restores its own local
+shard (``DTensor.to_local()``, which aliases the shard's storage), since DTensor has no sharding
+rule for ``_foreach_copy_``. No communication is involved.
 """
 
 from __future__ import annotations
 
 import copy
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -23,6 +30,17 @@ __all__ = ["UpdateSnapshot"]
 
 
 _IMMUTABLE = (int, float, bool, str, type(None))
+
+
+def _local(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """Each ``DTensor`` replaced by its local shard (an alias of its storage); plain tensors as
+    they are. DTensors exist only once ``torch.distributed.tensor`` was imported, so nothing is
+    imported here."""
+    mod = sys.modules.get("torch.distributed.tensor")
+    dtensor = getattr(mod, "DTensor", None)
+    if dtensor is None:
+        return list(tensors)
+    return [t.to_local() if isinstance(t, dtensor) else t for t in tensors]
 
 
 def _clone(v: Any) -> Any:
@@ -67,7 +85,7 @@ class UpdateSnapshot:
         self.groups = [{k: _clone(v) for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
         self.scheduler = scheduler
         self.scheduler_state = None if scheduler is None else copy.deepcopy(scheduler.state_dict())
-        sources = [p.detach() for p in self.params] + self.state_tensors
+        sources = _local([p.detach() for p in self.params] + self.state_tensors)
         shapes = [(t.shape, t.dtype, t.device) for t in sources]
         if shapes != self._shapes:
             self._buffers = [torch.empty_like(t) for t in sources]
@@ -79,7 +97,7 @@ class UpdateSnapshot:
         """Put every value back (bitwise) and clear the gradients."""
         if not self.captured:
             return
-        targets = [p.detach() for p in self.params] + self.state_tensors
+        targets = _local([p.detach() for p in self.params] + self.state_tensors)
         with torch.no_grad():
             torch._foreach_copy_(targets, self._buffers)
         state = self.optimizer.state

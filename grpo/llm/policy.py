@@ -31,7 +31,8 @@ import torch
 from torch import Tensor, nn
 
 from grpo.deepspeed_engine import gathered_state_dict, is_partitioned
-from grpo.distributed import get_world_size
+from grpo.distributed import get_world_size, is_main_process
+from grpo.fsdp_backend import full_state_dict, is_fsdp_sharded, run_as_forward
 from grpo.llm._deps import require
 from grpo.llm.data import is_chat, prompt_text
 from grpo.llm.logprobs import chunked_token_logprobs
@@ -292,8 +293,8 @@ class CausalLMPolicy:
             use_cache=True,
         )
         device = self.device
-        # ZeRO-3 on several processes: every forward all-gathers weights, so every rank keeps
-        # stepping until all ranks' sequences are done (rows that finished only get padding).
+        # ZeRO-3 or FSDP on several processes: every forward all-gathers weights, so every rank
+        # keeps stepping until all ranks' sequences are done (rows that finished only get padding).
         synced = self.is_partitioned and get_world_size() > 1
         chunk = self.generation_batch_size or len(rows)
         out: list[Completion] = []
@@ -376,6 +377,40 @@ class CausalLMPolicy:
         targets = comp_ids.to(device)  # token P+j is scored by the hidden state at P+j-1
         mask = mask.to(device)
 
+        def forward() -> tuple[Tensor, Tensor | None]:
+            return self._score(input_ids, attn, position_ids, targets, p, temperature, with_entropy)
+
+        def fsdp_forward() -> tuple[Tensor, Tensor | None]:
+            # owned (N, T) tensors, not views: FSDP2 hooks its backward on the forward's outputs
+            logp, entropy = forward()
+            return logp.clone(), None if entropy is None else entropy.clone()
+
+        if self.logprob_chunk_size is not None and is_fsdp_sharded(self.model):
+            # FSDP: the chunked head uses the backbone and lm_head.weight outside the root's
+            # forward; run it as that forward so its hooks gather the root's shards (and again
+            # for the backward). The full-logits path calls the root itself.
+            logp, entropy = run_as_forward(self.model, fsdp_forward)
+        else:
+            logp, entropy = forward()
+        zero = torch.zeros((), device=device)
+        logp = torch.where(mask, logp, zero)
+        if entropy is not None:
+            entropy = torch.where(mask, entropy, zero)
+        return PolicyOutput(log_probs=logp, mask=mask, entropy=entropy)
+
+    def _score(
+        self,
+        input_ids: Tensor,
+        attn: Tensor,
+        position_ids: Tensor,
+        targets: Tensor,
+        p: int,
+        temperature: float,
+        with_entropy: EntropyRequest,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Log-probs (N, T) of ``targets`` and the entropy (or None), unmasked: the forward of
+        `evaluate_actions` (full logits, or the backbone then the chunked LM head)."""
+        entropy: Tensor | None
         with self._autocast():
             if self.logprob_chunk_size is None:
                 logits = self.model(
@@ -414,11 +449,7 @@ class CausalLMPolicy:
                     logp, entropy = score(hidden)
                 if entropy is not None and with_entropy == "no_grad":
                     entropy = entropy.detach()  # no gradient reaches its backward terms
-        zero = torch.zeros((), device=device)
-        logp = torch.where(mask, logp, zero)
-        if entropy is not None:
-            entropy = torch.where(mask, entropy, zero)
-        return PolicyOutput(log_probs=logp, mask=mask, entropy=entropy)
+        return logp, entropy
 
     def _causal_lm(self) -> Any:
         return self.model.get_base_model() if self.is_peft else self.model
@@ -445,19 +476,26 @@ class CausalLMPolicy:
     # ---- saving ------------------------------------------------------------------------------
     @property
     def is_partitioned(self) -> bool:
-        """True when DeepSpeed ZeRO-3 partitions the model's weights over the processes (set up by
-        `GRPOTrainer` with a stage-3 config): generation then keeps the processes in step, and
-        `save_pretrained` must be called on every process."""
-        return is_partitioned(self.model)
+        """True when the model's weights are partitioned over the processes: by DeepSpeed ZeRO-3
+        (set up by `GRPOTrainer` with a stage-3 config) or by FSDP2 (``GRPOConfig(fsdp=True)``).
+        Generation then keeps the processes in step, and `save_pretrained` must be called on
+        every process."""
+        return is_partitioned(self.model) or is_fsdp_sharded(self.model)
 
     def save_pretrained(self, directory: str) -> None:
         """Write the model (LoRA: the adapter) and tokenizer in safetensors / HF format.
 
-        Under DeepSpeed ZeRO-3 (`is_partitioned`) every process must call it: the weights are
-        gathered one module at a time (`grpo.deepspeed_engine.gathered_state_dict`) and rank 0
-        writes them; the other ranks write nothing.
+        When the weights are partitioned (`is_partitioned`) every process must call it: they are
+        gathered (DeepSpeed ZeRO-3: one module at a time, `grpo.deepspeed_engine.gathered_state_dict`;
+        FSDP2: one parameter at a time, `grpo.fsdp_backend.full_state_dict`, to rank 0's CPU) and
+        rank 0 writes them; the other ranks write nothing.
         """
-        if self.is_partitioned:
+        if is_fsdp_sharded(self.model):
+            full = full_state_dict(self.model)  # collective: every rank; {} except on rank 0
+            if not is_main_process():
+                return
+            self.model.save_pretrained(directory, state_dict=full, safe_serialization=True)
+        elif self.is_partitioned:
             state = gathered_state_dict(self.model)
             if state is None:
                 return
