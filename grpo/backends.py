@@ -83,7 +83,7 @@ class Backend(Protocol):
         """Clear the gradients before an optimizer step's first backward."""
 
     def global_sum(self, value: Tensor) -> Tensor:
-        """``sum_r value_r`` over processes (a new tensor; a copy on one process)."""
+        """``sum_r value_r`` over processes (a new tensor; the value itself on one process)."""
 
     def backward(self, loss: Tensor, *, last: bool) -> None:
         """Backward of one micro-batch's ``loss``; ``last``: the optimizer step's last one."""
@@ -146,7 +146,7 @@ class LocalBackend:
                 p.grad = None
 
     def global_sum(self, value: Tensor) -> Tensor:
-        return value.detach().clone()
+        return value.detach()  # one process: the sum is the value (callers never write to it)
 
     def backward(self, loss: Tensor, *, last: bool) -> None:
         loss.backward()  # type: ignore[no-untyped-call]

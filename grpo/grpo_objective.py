@@ -516,10 +516,14 @@ class GRPOObjective:
             )
             kl = None
             if logp_ref is not None:
-                kl, kl_grad = kl_and_grad(x, logp_ref, self.kl_estimator, c)
+                kl, minus_grad = kl_and_grad(x, logp_ref, self.kl_estimator, c)
                 if self.kl_coeff != 0.0:
-                    g = g.add_(kl_grad, alpha=self.kl_coeff) if kl_grad is not None else g.add_(self.kl_coeff)
-                del kl_grad
+                    g = (
+                        g.sub_(minus_grad, alpha=self.kl_coeff)
+                        if minus_grad is not None
+                        else g.add_(self.kl_coeff)
+                    )
+                del minus_grad
             g_ent = None
             if self.entropy_coeff != 0.0:
                 if entropy is None:
