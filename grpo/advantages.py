@@ -44,7 +44,9 @@ __all__ = [
     "RewardCombination",
     "RunningMeanStd",
     "affine_terms",
+    "discounted_returns",
     "normalise_scores",
+    "per_step_group_advantages",
     "whiten",
 ]
 
@@ -272,3 +274,62 @@ def whiten(advantages: Tensor, mask: Tensor | None = None, eps: float = 1e-8) ->
     if a.dim() == 2 and mask is not None:
         out = out.masked_fill(~mask, 0.0)
     return out
+
+
+# ---- per-step credit (rewards per step, (N, T)) ----------------------------------------------------
+def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:
+    """Returns-to-go ``G_t = r_t + gamma * G_{t+1}`` over each sample's valid steps.
+
+    Shapes: rewards (N, T) float, mask (N, T) bool -> (N, T) float64; 0 on invalid steps.
+    Invalid steps carry no reward and are skipped (a masked step between two valid ones passes
+    the return on undiscounted: steps are counted on the mask). ``gamma`` in [0, 1].
+    """
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma!r}.")
+    if rewards.shape != mask.shape or rewards.dim() != 2:
+        raise ValueError(f"rewards {tuple(rewards.shape)} and mask {tuple(mask.shape)} must both be (N, T).")
+    r = rewards.detach().to(torch.float64) * mask
+    m = mask.to(torch.float64)
+    out = torch.zeros_like(r)
+    running = torch.zeros(r.shape[0], dtype=torch.float64, device=r.device)
+    for t in range(r.shape[1] - 1, -1, -1):  # a loop over time (T), never over samples
+        # a valid step discounts what follows it; an invalid one passes it on unchanged
+        running = r[:, t] + torch.where(m[:, t] > 0, gamma * running, running)
+        out[:, t] = running
+    return out * m
+
+
+def per_step_group_advantages(
+    returns: Tensor,
+    mask: Tensor,
+    group_ids: Tensor,
+    num_groups: int,
+    *,
+    scale: bool = True,
+    eps: float = 1e-6,
+) -> Tensor:
+    """Group-relative advantages per time step: ``A_it = (G_it - mean_g,t) / (std_g,t + eps)``
+    with the mean and (unbiased) std over the members of group g that have step t valid: a
+    time-dependent group baseline when a group's members start from one state.
+
+    Shapes: returns (N, T), mask (N, T) bool, group_ids (N,) -> (N, T) float64; 0 on invalid
+    steps, and 0 where fewer than two members of the group reach step t or they all have the
+    same return. ``scale=False`` subtracts the mean only.
+    """
+    x = returns.detach().to(torch.float64)
+    m = mask.to(torch.float64)
+    ids = group_ids.long()
+    k, t = num_groups, x.shape[1]
+    count = torch.zeros(k, t, dtype=torch.float64, device=x.device).index_add_(0, ids, m)
+    total = torch.zeros(k, t, dtype=torch.float64, device=x.device).index_add_(0, ids, x * m)
+    mean = total / count.clamp(min=1.0)
+    dev = (x - mean[ids]) * m
+    ss = torch.zeros(k, t, dtype=torch.float64, device=x.device).index_add_(0, ids, dev * dev)
+    std = torch.sqrt(ss / (count - 1.0).clamp(min=1.0))
+    hi = torch.full((k, t), -torch.inf, dtype=torch.float64, device=x.device)
+    lo = torch.full((k, t), torch.inf, dtype=torch.float64, device=x.device)
+    hi = hi.scatter_reduce(0, ids[:, None].expand_as(x), x.masked_fill(~mask, -torch.inf), reduce="amax")
+    lo = lo.scatter_reduce(0, ids[:, None].expand_as(x), x.masked_fill(~mask, torch.inf), reduce="amin")
+    degenerate = (count < 2) | (hi == lo)
+    adv = dev / (std[ids] + eps) if scale else dev
+    return adv.masked_fill(degenerate[ids] | ~mask, 0.0)

@@ -319,3 +319,50 @@ def test_dropped_rows_leave_the_normaliser():
     loss_mask = batch.mask & adv.keep.unsqueeze(-1)
     z = global_normaliser(trainer.backend, trainer.objective, loss_mask)
     assert float(z) == 12.0  # 16 one-step samples, the 4 of group 0 dropped
+
+
+# ---- per-step credit -------------------------------------------------------------------------
+@pytest.mark.parametrize("gamma", [1.0, 0.9, 0.0])
+def test_discounted_returns_match_a_loop(gamma: float) -> None:
+    from grpo.advantages import discounted_returns
+
+    g = torch.Generator().manual_seed(0)
+    r = torch.randn(5, 7, generator=g)
+    mask = torch.rand(5, 7, generator=g) > 0.3
+    got = discounted_returns(r, mask, gamma)
+    for i in range(5):
+        running = 0.0
+        for t in range(6, -1, -1):
+            if mask[i, t]:
+                running = float(r[i, t]) + gamma * running
+                assert float(got[i, t]) == pytest.approx(running, abs=1e-12)
+            else:
+                assert float(got[i, t]) == 0.0
+    with pytest.raises(ValueError, match=r"gamma must be in \[0, 1\]"):
+        discounted_returns(r, mask, 1.5)
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_per_step_group_advantages_match_a_loop_and_ignore_reward_shifts(scale: bool) -> None:
+    from grpo.advantages import per_step_group_advantages
+
+    g = torch.Generator().manual_seed(1)
+    n, t, k = 12, 6, 3
+    ret = torch.randn(n, t, generator=g, dtype=torch.float64)
+    mask = torch.rand(n, t, generator=g) > 0.25
+    ids = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2])[torch.randperm(n, generator=g)]
+    ret[ids == 2] = 1.5  # a group with equal returns: exactly 0
+    got = per_step_group_advantages(ret, mask, ids, k, scale=scale)
+    for i in range(n):
+        for s in range(t):
+            members = [j for j in range(n) if ids[j] == ids[i] and mask[j, s]]
+            vals = torch.tensor([float(ret[j, s]) for j in members], dtype=torch.float64)
+            if not mask[i, s] or len(members) < 2 or bool((vals == vals[0]).all()):
+                assert float(got[i, s]) == 0.0
+                continue
+            want = float(ret[i, s]) - float(vals.mean())
+            if scale:
+                want /= float(vals.std()) + 1e-6
+            assert float(got[i, s]) == pytest.approx(want, abs=1e-12)
+    shifted = per_step_group_advantages(ret + 3.0, mask, ids, k, scale=scale)
+    torch.testing.assert_close(shifted, got, atol=1e-12, rtol=0)
