@@ -26,16 +26,9 @@ import logging
 import torch
 
 from grpo import GRPOConfig, GRPOTrainer
-from grpo.llm import (
-    CausalLMPolicy,
-    PromptDataset,
-    RewardFunctions,
-    after_marker,
-    exact_match_reward,
-    format_reward,
-    last_number,
-    tag_content,
-)
+
+# grpo.llm (transformers, the [llm] extra) is imported after the arguments are parsed, so that
+# `--help` works without the extra installed.
 
 SYSTEM = (
     "Solve the problem. Think step by step inside <think> </think>, then give only the final "
@@ -45,6 +38,8 @@ SYSTEM = (
 
 def answer_extractor(text: str) -> str | None:
     """The number inside <answer>...</answer>, else the last number of the completion."""
+    from grpo.llm import last_number, tag_content
+
     inner = tag_content("answer")(text)
     return last_number(inner) if inner is not None else last_number(text)
 
@@ -70,6 +65,15 @@ def main(argv: list[str] | None = None) -> None:
 
     from datasets import load_dataset, load_from_disk
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo.llm import (
+        CausalLMPolicy,
+        PromptDataset,
+        RewardFunctions,
+        after_marker,
+        exact_match_reward,
+        format_reward,
+    )
 
     ds = (
         load_from_disk(args.dataset_path)

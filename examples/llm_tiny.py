@@ -25,8 +25,9 @@ from pathlib import Path
 import torch
 
 from grpo import GRPOConfig, GRPOTrainer
-from grpo.llm import CausalLMPolicy, PromptDataset, RewardFunctions, exact_match_reward, format_reward
-from grpo.llm.tiny import build_tiny_model, build_tiny_tokenizer
+
+# grpo.llm (transformers, the [llm] extra) is imported after the arguments are parsed, so that
+# `--help` works without the extra installed.
 
 
 def first_char(text: str) -> str | None:
@@ -50,6 +51,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     log = logging.getLogger("llm_tiny")
+
+    from grpo.llm import CausalLMPolicy, PromptDataset, RewardFunctions, exact_match_reward, format_reward
+    from grpo.llm.tiny import build_tiny_model, build_tiny_tokenizer
 
     workdir = Path(tempfile.mkdtemp(prefix="grpo_llm_tiny_"))
     tokenizer = build_tiny_tokenizer(workdir, pad_is_eos=True)

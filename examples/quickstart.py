@@ -2,7 +2,10 @@
 
 Each state is a 16-dim context x; there are 10 arms; arm a pays (x @ W)[a]. The policy is a small
 MLP; nothing in it knows about GRPO except the six methods of the `PolicyModel` protocol. The
-script prints the policy's expected reward as a fraction of the oracle's as it learns.
+script prints the policy's expected reward as a fraction of the oracle's (0 = arms picked at random,
+1 = always the best arm) every 25 steps, and at the end the line the README's quick start prints:
+
+    fraction of the oracle's reward: 0.00 -> 0.97
 
     python examples/quickstart.py              # ~10 s on a laptop CPU
     python examples/quickstart.py --steps 5    # smoke test
@@ -54,12 +57,11 @@ def main(argv: list[str] | None = None) -> float:
     def reward(states: Tensor, actions: Tensor) -> Tensor:  # a plain function is a reward
         return (states @ W).gather(1, actions.unsqueeze(1)).squeeze(1)
 
-    def fraction_of_oracle(policy: ArmPolicy) -> float:
+    def fraction_of_oracle(policy: ArmPolicy) -> float:  # expected reward / the best arm's
+        x = torch.randn(2000, DIM, generator=torch.Generator().manual_seed(1))
         with torch.no_grad():
-            x = torch.randn(2000, DIM, generator=torch.Generator().manual_seed(1))
-            r = x @ W
-            probs = torch.softmax(policy.net(x), dim=-1)
-            return float((probs * r).sum(1).mean() / r.max(1).values.mean())
+            r, probs = x @ W, torch.softmax(policy.net(x), dim=-1)
+        return float((probs * r).sum(1).mean() / r.max(1).values.mean())
 
     policy = ArmPolicy()
     config = GRPOConfig(
@@ -70,9 +72,8 @@ def main(argv: list[str] | None = None) -> float:
         kl_coeff=0.01,
         seed=args.seed,
     )
-    trainer = GRPOTrainer(config, policy, reward)
-    print(config)
-    score = fraction_of_oracle(policy)
+    trainer = GRPOTrainer(config, policy, reward)  # print(config) shows every setting
+    score = start = fraction_of_oracle(policy)
     print(f"step    0  reward/oracle {score:.3f}")
     for step in range(1, args.steps + 1):
         metrics = trainer.step(torch.randn(config.batch_size, DIM))
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> float:
                 f"kl/ref {metrics['kl/ref']:.4f}  entropy {metrics['policy/entropy']:.3f}  "
                 f"clip {metrics['clip/frac_low'] + metrics['clip/frac_high']:.3f}"
             )
+    print(f"fraction of the oracle's reward: {start:.2f} -> {score:.2f}")
     return score
 
 

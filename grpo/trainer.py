@@ -130,6 +130,7 @@ class GRPOTrainer(TrainerStateMixin):
         self._update = self._update_parts()
         self.step_count = 0
         self._warned_nothing_to_train = False
+        self._warned_batch_size = False
         self._checkpoint_components: dict[str, Any] = {}
 
     def _update_parts(self) -> UpdateParts | None:
@@ -177,6 +178,7 @@ class GRPOTrainer(TrainerStateMixin):
         `grpo.metrics`). With ``config.flush_denormals`` (default) the step runs with subnormal
         floats flushed to zero on CPU (`grpo.denormals`); the setting is restored afterwards.
         """
+        self._note_batch_size(states)
         with self._numerics():
             t0 = time.perf_counter()
             self._check_lockstep(states)
@@ -184,6 +186,21 @@ class GRPOTrainer(TrainerStateMixin):
                 states, generate_kwargs, record_old=self._record_old
             )
             return self._learn(batch, t0)  # 2-5
+
+    def _note_batch_size(self, states: Any) -> None:
+        """Warn once when ``step`` gets another number of states than ``config.batch_size``."""
+        sized = isinstance(states, (list, tuple)) or (isinstance(states, Tensor) and states.dim() > 0)
+        n, b = (len(states) if sized else 0), self.config.batch_size
+        if not n or n == b or self._warned_batch_size:
+            return
+        self._warned_batch_size = True
+        warnings.warn(
+            f"step() got {n} states but GRPOConfig.batch_size={b}; step() uses every state it is "
+            f"given. batch_size only sets how many states train() draws per step and the arithmetic "
+            f"of optimizer_steps_per_step / samples_per_step (the summary, total_steps). Warned once.",
+            UserWarning,
+            stacklevel=3,
+        )
 
     def train_on_batch(self, batch: ExperienceBatch) -> dict[str, float]:
         """One GRPO step on groups collected elsewhere (logs, a real robot, another sampler).

@@ -26,6 +26,32 @@ Sources of states (what ``states_source`` may be):
   ``step`` as is; restarted when exhausted (a new epoch). An *iterator* (a generator, ``iter(x)``)
   is used once: training stops when it runs out.
 
+Resuming (``resume_from=``, or a second ``train`` call on the same trainer): batch ``k`` of the
+source is the one fed at step ``k`` (steps counted from the trainer's first step), and a resumed
+run feeds exactly the batches the uninterrupted run feeds when the source can be replayed:
+
+* a list / Tensor: always (chunk ``k`` is a function of ``k``);
+* a source with ``state_dict()`` / ``load_state_dict()`` (e.g. torchdata's
+  ``StatefulDataLoader``) registered with ``trainer.register_checkpoint_state(name, source)``
+  before ``train``: its own state, saved in the trainer's checkpoint, says where it is; ``train``
+  iterates it as it is;
+* a map-style ``DataLoader``: ``train`` runs epoch ``e`` after seeding its order: each
+  ``torch.Generator`` of the loader and of its sampler is re-seeded with ``seed + e`` (``seed`` is
+  the generator's seed when ``train`` first saw it, so epoch 0 is the loader's own first order)
+  and ``sampler.set_epoch(e)`` is called when the sampler has it (``DistributedSampler``). On
+  resume the ``k mod len(loader)`` batches already fed in the current epoch are loaded again and
+  dropped. Exact when the order comes from such a generator, ``set_epoch`` or no shuffling at
+  all; an unseeded shuffle (``shuffle=True`` without ``generator=``) is not;
+* any other iterable: its first ``k`` batches (across passes) are drawn and dropped, which is
+  exact when every pass yields the same batches;
+* an iterator (a generator, ``iter(x)``) cannot be repositioned: it continues from where it is;
+* a callable: called again; exact when it draws only from the process-global RNG streams
+  (Python, NumPy, torch), which the checkpoint restores.
+
+Batches drawn only to be dropped are drawn on forked RNG streams, so dropping them changes no
+random number of the run. ``train`` with ``checkpoint_dir`` or ``resume_from`` warns once when
+its source cannot resume exactly, naming the source and the fix.
+
 Evaluation (`evaluate`) samples G actions per eval state and scores them, without log-probs,
 gradients or any weight change, under the trainer's reward settings (``config.reward_timeout``,
 ``config.invalid_rewards``). It runs on forked RNG streams (torch, Python, NumPy), so
@@ -42,11 +68,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import itertools
 import logging
 import os
 import random
 import sys
 import time
+import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,13 +84,22 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from torch import Tensor
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
 
 from grpo.callbacks import HOOKS, TrainerLike, TrainState
 from grpo.distributed import get_world_size, is_main_process, rank_batches
 from grpo.experience_collector import ExperienceCollector, select_rows
 from grpo.metric_sinks import format_metrics
 
-__all__ = ["TrainState", "TrainerLike", "evaluate", "iter_state_batches", "train", "training_summary"]
+__all__ = [
+    "TrainState",
+    "TrainerLike",
+    "evaluate",
+    "iter_state_batches",
+    "resume_problem",
+    "train",
+    "training_summary",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -112,13 +150,20 @@ def describe_source(source: Any) -> str:
     return type(source).__name__
 
 
-def iter_state_batches(source: Any, batch_size: int, start: int = 0) -> Iterator[Any]:
+def iter_state_batches(
+    source: Any, batch_size: int, start: int = 0, *, own_state: bool = False
+) -> Iterator[Any]:
     """Batches of states from ``source`` (see the module docstring for each kind of source).
 
     Args:
         source: a sequence / Tensor of states, an iterable or iterator of batches, or a callable.
         batch_size: B, states per batch for sequences and for a callable taking an argument.
-        start: index of the first batch of a sequence (the trainer's step count, for resuming).
+        start: index of the first batch to yield (the trainer's step count, for resuming): the
+            chunk of a sequence / Tensor, the epoch and position of a map-style ``DataLoader``,
+            the number of batches of another iterable to draw and drop. An iterator and a
+            callable are used as they are.
+        own_state: the source restores its own position (an iterable with ``state_dict`` /
+            ``load_state_dict`` registered with ``register_checkpoint_state``): iterate it as is.
     """
     if isinstance(source, (str, bytes, Mapping)):
         raise TypeError(
@@ -137,7 +182,11 @@ def iter_state_batches(source: Any, batch_size: int, start: int = 0) -> Iterator
     if isinstance(source, Iterator):
         return source
     if isinstance(source, Iterable):
-        return _repeat_iterable(source)
+        if own_state:
+            return _repeat_iterable(source)
+        if isinstance(source, DataLoader) and not isinstance(source.dataset, IterableDataset):
+            return _replay_loader(source, start)
+        return _skip_batches(_repeat_iterable(source), start)
     if callable(source):
         return _call_source(source, batch_size)
     raise TypeError(
@@ -178,6 +227,137 @@ def _repeat_iterable(source: Iterable[Any]) -> Iterator[Any]:
                 f"states_source ({type(source).__name__}) yielded no batch; an iterable source "
                 f"must yield at least one batch of states per pass."
             )
+
+
+def _skip_batches(batches: Iterator[Any], n: int) -> Iterator[Any]:
+    """``batches`` without its first ``n`` items, drawn on forked RNG streams when first asked."""
+    if n:
+        with _forked_rng(torch.device("cpu"), None):
+            for _ in range(n):
+                next(batches)
+    yield from batches
+
+
+#: the seed each DataLoader generator had when train() first saw it (epoch e is seeded seed + e)
+_BASE_SEEDS: weakref.WeakKeyDictionary[torch.Generator, int] = weakref.WeakKeyDictionary()
+
+
+def _loader_samplers(loader: DataLoader[Any]) -> list[Any]:
+    """The objects that decide a DataLoader's order: its batch sampler when it is not torch's
+    own ``BatchSampler``, and the sampler of indices."""
+    batch_sampler = loader.batch_sampler
+    if batch_sampler is None:
+        return [loader.sampler]
+    if isinstance(batch_sampler, BatchSampler):
+        return [batch_sampler.sampler]
+    inner = getattr(batch_sampler, "sampler", None)
+    return [batch_sampler] if inner is None else [batch_sampler, inner]
+
+
+def _loader_generators(loader: DataLoader[Any]) -> list[torch.Generator]:
+    found: list[torch.Generator] = []
+    for obj in [loader, *_loader_samplers(loader)]:
+        g = getattr(obj, "generator", None)
+        if isinstance(g, torch.Generator) and all(g is not h for h in found):
+            found.append(g)
+    return found
+
+
+def _seed_epoch(loader: DataLoader[Any], epoch: int) -> None:
+    """Make epoch ``epoch``'s order a function of ``epoch``: re-seed each generator of the loader
+    and its samplers with ``seed + epoch`` and call ``set_epoch`` where a sampler has it."""
+    for g in _loader_generators(loader):
+        base = _BASE_SEEDS.setdefault(g, g.initial_seed())
+        g.manual_seed((base + epoch) % 2**64)
+    for sampler in _loader_samplers(loader):
+        set_epoch = getattr(sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+
+
+def _replay_loader(loader: DataLoader[Any], start: int) -> Iterator[Any]:
+    """A map-style DataLoader from batch ``start``: epoch ``start // len``, position
+    ``start % len``, each epoch seeded by `_seed_epoch`; restarted when exhausted."""
+    per_epoch = len(loader)
+    epoch, offset = divmod(start, per_epoch) if per_epoch else (0, 0)
+    while True:
+        _seed_epoch(loader, epoch)
+        yielded = 0
+        if offset:  # the batches the run fed before it was interrupted, drawn and dropped
+            with _forked_rng(torch.device("cpu"), None):
+                it = iter(loader)
+                yielded = sum(1 for _ in itertools.islice(it, offset))
+            offset = 0
+        else:
+            it = iter(loader)
+        for item in it:
+            yielded += 1
+            yield item
+        if not yielded:
+            raise ValueError(
+                f"states_source ({type(loader).__name__}) yielded no batch; an iterable source "
+                f"must yield at least one batch of states per pass."
+            )
+        epoch += 1
+
+
+def _registered(trainer: TrainerLike, source: Any) -> bool:
+    """Whether ``source`` is one of the trainer's checkpointed components."""
+    components = getattr(trainer, "stateful_components", None)
+    if not callable(components):
+        return False
+    return any(obj is source for obj in components().values())
+
+
+_REGISTER = (
+    "or give it state_dict()/load_state_dict() (e.g. torchdata's StatefulDataLoader) and call "
+    "trainer.register_checkpoint_state('data', source) before train()"
+)
+
+
+def resume_problem(source: Any, *, registered: bool = False) -> str | None:
+    """Why a resumed `train` would not feed the batches an uninterrupted run feeds, and the fix;
+    None when it would (see the module docstring)."""
+    if registered or isinstance(source, (Tensor, str, bytes, Mapping)):
+        return None
+    if isinstance(source, Sequence):
+        return None
+    name = type(source).__name__
+    if isinstance(source, Iterator):
+        return (
+            f"the states source is an iterator ({name}), which cannot be repositioned: a resumed run "
+            f"continues from wherever it is (a new one starts again at its first batch), not at the "
+            f"batch the interrupted run would have fed next. Pass a list or Tensor of states, or a "
+            f"DataLoader with a seeded generator, {_REGISTER}."
+        )
+    if not isinstance(source, DataLoader):
+        return None  # an iterable replayed by skipping (exact when each pass repeats) or a callable
+    if isinstance(source.dataset, IterableDataset):
+        return (
+            f"the states source is a DataLoader over an IterableDataset "
+            f"({type(source.dataset).__name__}); train() resumes it by drawing and dropping the "
+            f"batches already fed, which is exact only if the dataset yields the same batches on "
+            f"every pass. Use a map-style dataset with a seeded generator, {_REGISTER}."
+        )
+    for sampler in _loader_samplers(source):
+        deterministic = isinstance(sampler, (SequentialSampler, Sequence))
+        if deterministic or callable(getattr(sampler, "set_epoch", None)):
+            continue
+        if hasattr(sampler, "generator"):
+            if isinstance(sampler.generator, torch.Generator):
+                continue
+            return (
+                f"the states source is a DataLoader whose {type(sampler).__name__} shuffles without a "
+                f"seeded generator, so a resumed run cannot redraw the order of the current epoch and "
+                f"feeds other batches than the uninterrupted run. Fix: "
+                f"DataLoader(..., shuffle=True, generator=torch.Generator().manual_seed(0)), {_REGISTER}."
+            )
+        return (
+            f"the states source is a DataLoader whose sampler {type(sampler).__name__} has neither a "
+            f"torch.Generator attribute `generator` nor set_epoch(epoch), so train() cannot make each "
+            f"epoch's order repeat after a resume. Give the sampler one of them, {_REGISTER}."
+        )
+    return None
 
 
 def _call_source(source: Callable[..., Any], batch_size: int) -> Iterator[Any]:
@@ -479,7 +659,10 @@ def train(
         trainer: the trainer (`grpo.GRPOTrainer`, or any `TrainerLike`).
         states_source: a list / Tensor of states (cycled in ``batch_size`` chunks), an iterable of
             batches such as a ``DataLoader`` (restarted each epoch), an iterator (used once), or a
-            callable returning a batch (``source(batch_size)`` or ``source()``).
+            callable returning a batch (``source(batch_size)`` or ``source()``). Each kind resumes
+            at the trainer's step count as the module docstring says (a DataLoader: seed it with
+            ``generator=``); with ``checkpoint_dir`` or ``resume_from``, a source that cannot
+            resume exactly gets a `UserWarning` naming the fix (`resume_problem`).
         num_steps: the step count at which to stop (total, counting steps already done and those
             restored by ``resume_from``).
         eval_states: states to evaluate on (`evaluate`) every ``eval_every`` steps.
@@ -570,9 +753,17 @@ def train(
         if callable(getattr(s, "log_config", None)):
             s.log_config(config_dict)
 
+    own_state = _registered(trainer, states_source)
+    if checkpoint_dir is not None or resume_from is not None:
+        problem = resume_problem(states_source, registered=own_state)
+        if problem is not None:
+            warnings.warn(f"train() cannot resume exactly: {problem}", UserWarning, stacklevel=3)
     world = get_world_size() if trainer.distributed is not None else 1  # batch_size is per rank
     batches = rank_batches(
-        states_source, iter_state_batches(states_source, cfg.batch_size * world, start=trainer.step_count)
+        states_source,
+        iter_state_batches(
+            states_source, cfg.batch_size * world, start=trainer.step_count, own_state=own_state
+        ),
     )
     eval_seed = 0 if cfg.seed is None else cfg.seed
     group_size = cfg.group_size

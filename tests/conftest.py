@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +13,20 @@ from torch import Tensor, nn
 from torch.distributions import Categorical
 
 from grpo import DistributionPolicy, categorical_mlp
+
+# DeepSpeed JIT-builds its C++ ops (about a minute on 2 cores, see README) into
+# TORCH_EXTENSIONS_DIR. torch's default, ~/.cache/torch_extensions, is shared by every process and
+# checkout on the machine, so a build killed there (a timed-out test) leaves a lock file that makes
+# every later DeepSpeed run wait. The tests build into a directory of this checkout instead
+# (.torch_extensions/, ignored by git), one per Python and torch version. It persists between runs
+# (a directory under pytest's basetemp would be new, and the ops rebuilt, in every session), and
+# tests/test_deepspeed.py fails fast, naming the file and the `rm` that removes it, on a lock left
+# there by a killed build. Set TORCH_EXTENSIONS_DIR yourself to use another directory.
+ROOT = Path(__file__).resolve().parents[1]
+OWN_EXTENSIONS_DIR = not os.environ.get("TORCH_EXTENSIONS_DIR")  # False: the user chose one
+if OWN_EXTENSIONS_DIR:
+    _tag = f"py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}"
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(ROOT / ".torch_extensions" / _tag)
 
 
 class Logits(nn.Module):

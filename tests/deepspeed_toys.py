@@ -1,19 +1,42 @@
-"""What each process of the 2-process DeepSpeed tests runs (module level: spawn pickles it).
+"""What each process of the 2-process DeepSpeed tests runs (module level: spawn pickles it), and
+how the tests start processes and guard DeepSpeed's op build cache.
 
 The scenarios of `tests.distributed_toys` (same states, noise and policies), trained with a
 DeepSpeed ZeRO config on every rank; the results are compared with one process without DeepSpeed.
+`launch` and `run_command` kill every process a test started when it times out; `stale_lock_problem`
+names a build lock that a killed build left behind (which would make each test wait until its
+timeout).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.multiprocessing as mp
 
-from tests.distributed_toys import LOCAL_B, SCENARIOS, STEPS, build, data, params, run_steps
+from tests.distributed_toys import (
+    LOCAL_B,
+    SCENARIOS,
+    STEPS,
+    _entry,
+    build,
+    data,
+    free_port,
+    params,
+    run_steps,
+)
 
 DS_SCENARIOS = ["bandit_deferred", "bandit_zero_var", "bandit_poison", "seq_deferred", "seq_known"]
 # label -> DeepSpeed config; *-offload: optimizer state on the CPU, stepped by DeepSpeedCPUAdam
@@ -90,3 +113,220 @@ def zero3_uneven_worker(rank: int, world: int, out: Path) -> None:
         after = params(tr)
     unchanged = all(torch.equal(before[k], after[k]) for k in before)
     torch.save({"message": message, "unchanged": unchanged}, out / f"uneven-rank{rank}.pt")
+
+
+# ---- DeepSpeed's JIT-built ops, and processes that cannot outlive a test ------------------------
+# DeepSpeed builds its C++ ops (shm_comm for every CPU run, cpu_adam for the optimizer offload) the
+# first time they are used, with torch.utils.cpp_extension, into TORCH_EXTENSIONS_DIR (the tests
+# point it at the checkout's .torch_extensions/, see tests/conftest.py). A build holds the file
+# ``<dir>/<op>/lock`` open while it compiles and removes it at the end; every other process waits,
+# without a time limit, until the file is gone. A build that is killed leaves the file behind.
+
+#: a lock file this old that no process holds open is left over from a killed build
+STALE_LOCK_MINUTES = 5.0
+
+
+def extensions_dir() -> Path:
+    """Where torch builds and finds DeepSpeed's ops (``TORCH_EXTENSIONS_DIR``, else torch's default)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+
+
+def lock_holders(path: Path) -> list[int] | None:
+    """PIDs of the processes that have ``path`` open (from /proc); None where /proc is missing."""
+    proc = Path("/proc")
+    if not (proc / "self" / "fd").is_dir():
+        return None
+    target = os.path.realpath(path)
+    holders = []
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) == target for fd in (d / "fd").iterdir()):
+                holders.append(int(d.name))
+        except OSError:  # gone, or not ours to inspect
+            continue
+    return holders
+
+
+def build_locks(root: Path | None = None) -> list[tuple[Path, float, list[int] | None]]:
+    """Each lock file under the extensions directory: (path, age in seconds, holders)."""
+    root = extensions_dir() if root is None else root
+    found = []
+    for path in sorted({*root.glob("*/lock"), *root.glob("*/*/lock")}):
+        try:
+            age = time.time() - path.stat().st_mtime
+        except FileNotFoundError:  # released meanwhile
+            continue
+        found.append((path, age, lock_holders(path)))
+    return found
+
+
+def is_stale(age: float, holders: list[int] | None) -> bool:
+    """No process holds it and it is older than STALE_LOCK_MINUTES (an hour without /proc)."""
+    if holders is None:
+        return age > 3600.0
+    return not holders and age > STALE_LOCK_MINUTES * 60.0
+
+
+def stale_lock_problem(root: Path | None = None) -> str | None:
+    """The message naming each stale build lock and the command that removes it; None if none."""
+    stale = [(p, age) for p, age, holders in build_locks(root) if is_stale(age, holders)]
+    if not stale:
+        return None
+    listed = "; ".join(f"{p} ({age / 60:.0f} min old, held open by no process)" for p, age in stale)
+    return (
+        f"stale torch extension build lock: {listed}. A build of a DeepSpeed op was killed and left "
+        f"its lock file; every DeepSpeed test would wait for it to disappear until the test's "
+        f"timeout (300-420 s). Remove it and rerun: rm {' '.join(shlex.quote(str(p)) for p, _ in stale)}"
+    )
+
+
+def describe_locks(root: Path | None = None) -> str:
+    """One line on the build locks present (for a timeout's message)."""
+    locks = build_locks(root)
+    if not locks:
+        return f"no op build lock in {extensions_dir() if root is None else root}"
+    parts = []
+    for path, age, holders in locks:
+        who = "holders unknown" if holders is None else f"held by pids {holders}" if holders else "no holder"
+        parts.append(f"{path} ({age:.0f} s old, {who}; if stale: rm {shlex.quote(str(path))})")
+    return "op build lock(s) present: " + "; ".join(parts)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc; empty where /proc is missing)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(d.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(pid: int, wait: float = 10.0) -> None:
+    """SIGKILL ``pid``, every process below it and their process groups (torchrun starts each
+    worker in a session of its own; a worker's compiler runs in the worker's group), never the
+    test process's own group; then wait up to ``wait`` s until they are gone (files closed)."""
+    own = os.getpgrp()
+    pids = [pid, *_descendants(pid)]
+    for p in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            group = os.getpgid(p)
+            if group != own:
+                os.killpg(group, signal.SIGKILL)
+            os.kill(p, signal.SIGKILL)
+    deadline = time.monotonic() + wait
+    while any(is_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def run_command(cmd: list[str], *, timeout: float, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """`subprocess.run(cmd, capture_output=True, text=True)` whose timeout kills the launcher and
+    every worker it started (``subprocess.run`` kills only the launcher: torchrun's workers would
+    live on), then raises `TimeoutError` naming the op build locks present."""
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)
+            out, err = proc.communicate()
+            raise TimeoutError(
+                f"{' '.join(cmd[:6])} ... did not finish within {timeout:.0f} s; it and its workers "
+                f"were killed. {describe_locks()}.\n--- stderr (end) ---\n{err[-3000:]}"
+            ) from None
+        except BaseException:
+            kill_tree(proc.pid)
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _grouped_entry(rank: int, world: int, port: int, fn: Callable[[int, int, Path], None], out: str) -> None:
+    os.setpgid(0, 0)  # this worker and what it starts (ninja, the compiler) form one process group
+    _entry(rank, world, port, fn, out)
+
+
+def launch(fn: Callable[[int, int, Path], None], out: Path, world: int = 2, timeout: float = 90.0) -> None:
+    """`tests.distributed_toys.launch` for the DeepSpeed tests: ``fn(rank, world, out)`` on
+    ``world`` spawned processes, each leading its own process group. At the timeout (or any
+    failure) every group is killed, compilers included, and a build lock the killed build left
+    is removed; the `TimeoutError` names the locks. A SIGABRT at teardown reruns once."""
+    try:
+        _launch_grouped(fn, out, world, timeout)
+    except mp.ProcessExitedException as e:
+        if e.signal_name != "SIGABRT":
+            raise
+        warnings.warn(f"distributed workers aborted ({e}); rerunning once", RuntimeWarning, stacklevel=2)
+        _launch_grouped(fn, out, world, timeout)
+
+
+def _launch_grouped(fn: Callable[[int, int, Path], None], out: Path, world: int, timeout: float) -> None:
+    started = time.time()
+    args = (world, free_port(), fn, str(out))
+    ctx = mp.start_processes(_grouped_entry, args=args, nprocs=world, join=False, start_method="spawn")
+    pids = [p.pid for p in ctx.processes if p.pid is not None]
+    deadline = time.monotonic() + timeout
+    try:
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                for pid in pids:
+                    kill_tree(pid)
+                removed = _remove_locks_left_since(started)
+                note = f" Removed the build lock(s) the killed workers left: {removed}." if removed else ""
+                raise TimeoutError(
+                    f"distributed workers did not finish within {timeout} s (deadlock, or waiting for "
+                    f"an op build lock); killed with their process groups.{note} {describe_locks()}."
+                )
+    finally:
+        for pid in pids:  # leftovers of a failed run: a worker's compiler outlives torch's terminate()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def _remove_locks_left_since(started: float) -> list[str]:
+    """Remove the build locks created since ``started`` that no process holds any more (their
+    builder was just killed by us); the names of those removed."""
+    removed = []
+    for path, age, holders in build_locks():
+        if holders == [] and time.time() - age >= started - 1.0:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed.append(str(path))
+    return removed
+
+
+def hung_build_worker(rank: int, world: int, out: Path) -> None:
+    """A worker stuck in an op build: it holds the op's lock file open (as torch's FileBaton does),
+    starts a "compiler" process, writes both pids to ``hung-rank{r}.json`` and never returns."""
+    lock_dir = extensions_dir() / "fake_op"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    os.open(lock_dir / "lock", os.O_CREAT | os.O_EXCL)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    (out / f"hung-rank{rank}.json").write_text(json.dumps({"worker": os.getpid(), "child": child.pid}))
+    time.sleep(600)
+
+
+def is_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, killed but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return state not in ("Z", "X")

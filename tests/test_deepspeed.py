@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -22,11 +23,29 @@ from grpo.deepspeed_engine import (
     prepare_deepspeed_config,
     training_module,
 )
-from tests.deepspeed_toys import DS_SCENARIOS, ZERO_CONFIGS, ds_worker, zero3_uneven_worker
-from tests.distributed_toys import LOCAL_B, STEPS, build, data, launch, params, run_steps
+from tests.deepspeed_toys import (
+    DS_SCENARIOS,
+    ZERO_CONFIGS,
+    ds_worker,
+    launch,
+    run_command,
+    stale_lock_problem,
+    zero3_uneven_worker,
+)
+from tests.distributed_toys import LOCAL_B, STEPS, build, data, params, run_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLD = 2
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_stale_build_lock() -> None:
+    """Before any DeepSpeed op is built or loaded: a lock file a killed build left in the
+    extensions directory (tests/conftest.py) would make every test below wait until its timeout;
+    fail at once, naming the file and the `rm` that removes it."""
+    problem = stale_lock_problem()
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)
 
 
 @pytest.fixture(scope="module")
@@ -452,7 +471,6 @@ def test_accelerate_launch_with_the_shipped_config(tmp_path: Path, stage: int) -
     writes a final model, in bf16 as DeepSpeed keeps it, that loads with from_pretrained."""
     pytest.importorskip("accelerate")
     pytest.importorskip("transformers")
-    import subprocess
     import sys
 
     from transformers import AutoModelForCausalLM
@@ -468,7 +486,7 @@ def test_accelerate_launch_with_the_shipped_config(tmp_path: Path, stage: int) -
         "--device", "cpu", "--no-progress",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
+    proc = run_command(cmd, cwd=ROOT, env=env, timeout=420)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert f"DeepSpeed ZeRO-{stage} on 2 process(es)" in proc.stderr
     assert proc.stderr.count("grpo.llm: done: ") == 1  # rank 0 alone logs
@@ -483,7 +501,6 @@ def test_bandit_example_under_torchrun_learns_the_same_with_zero(stage: int) -> 
     """`torchrun --nproc_per_node=2 examples/distributed_bandit.py --deepspeed
     examples/configs/deepspeed_zero{2,3}.json`: the printed learning curve (reward, gradient norm,
     3 decimals) is the one of the same run with the trainer's own gradient sync, and it learns."""
-    import subprocess
     import sys
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -495,9 +512,9 @@ def test_bandit_example_under_torchrun_learns_the_same_with_zero(stage: int) -> 
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
             "examples/distributed_bandit.py", "--steps", "40", "--log-every", "13", "--deepspeed", ds,
         ]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+        proc = run_command(cmd, timeout=300, env=env, cwd=ROOT)
         if proc.returncode != 0 and "terminate called without an active exception" in proc.stderr:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+            proc = run_command(cmd, timeout=300, env=env, cwd=ROOT)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert (f"deepspeed=ZeRO-{stage}" if ds != "off" else "deepspeed=off") in proc.stdout
         curves[ds] = [ln for ln in proc.stdout.splitlines() if ln.startswith("step")]
@@ -506,3 +523,84 @@ def test_bandit_example_under_torchrun_learns_the_same_with_zero(stage: int) -> 
     assert zero == own
     first, last = (float(line.split()[3]) for line in (zero[0], zero[-1]))
     assert last > first + 0.4  # 0.22 -> ~0.85: the policy learns the best arm of each context
+
+
+# ---- the op build cache and processes that outlive a test ----------------------------------------
+def test_a_stale_build_lock_is_named_with_the_command_that_removes_it(tmp_path: Path) -> None:
+    """A lock file left by a killed build (old, held open by no process) is reported with its path
+    and the `rm` that removes it; a fresh lock, or one a running build holds open, is not."""
+    from tests.deepspeed_toys import STALE_LOCK_MINUTES, lock_holders
+
+    lock = tmp_path / "cpu_adam" / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    assert stale_lock_problem(tmp_path) is None  # just created: a build may be starting
+    old = time.time() - (STALE_LOCK_MINUTES + 5) * 60
+    os.utime(lock, (old, old))
+    problem = stale_lock_problem(tmp_path)
+    assert problem is not None
+    assert f"stale torch extension build lock: {lock} (10 min old, held open by no process)" in problem
+    assert problem.endswith(f"Remove it and rerun: rm {lock}")
+    fd = os.open(lock, os.O_RDONLY)  # a build in progress holds its lock open
+    try:
+        assert lock_holders(lock) == [os.getpid()]
+        assert stale_lock_problem(tmp_path) is None
+    finally:
+        os.close(fd)
+
+
+def test_the_private_extensions_directory_is_used() -> None:
+    """tests/conftest.py points torch's JIT builds at the checkout's ignored .torch_extensions/."""
+    from tests.conftest import OWN_EXTENSIONS_DIR
+    from tests.deepspeed_toys import extensions_dir
+
+    if not OWN_EXTENSIONS_DIR:
+        pytest.skip("TORCH_EXTENSIONS_DIR was set before the tests started; it is kept")
+    assert extensions_dir().parent == ROOT / ".torch_extensions"
+    assert "/.torch_extensions/" in (ROOT / ".gitignore").read_text()
+
+
+def test_a_timed_out_launch_kills_the_workers_and_what_they_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker stuck in an op build (holding the lock, a compiler running): at the timeout the
+    worker and its compiler are killed, the lock the killed build left is removed, and the error
+    says so."""
+    from tests.deepspeed_toys import hung_build_worker, is_alive
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    with pytest.raises(TimeoutError, match="did not finish within 30") as err:
+        launch(hung_build_worker, tmp_path, world=1, timeout=30.0)
+    pids = json.loads((tmp_path / "hung-rank0.json").read_text())
+    deadline = time.monotonic() + 10
+    while (is_alive(pids["worker"]) or is_alive(pids["child"])) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not is_alive(pids["worker"])
+    assert not is_alive(pids["child"])  # the "compiler" did not outlive its worker
+    lock = tmp_path / "ext" / "fake_op" / "lock"
+    assert not lock.exists()
+    assert f"Removed the build lock(s) the killed workers left: ['{lock}']" in str(err.value)
+
+
+def test_a_timed_out_command_kills_workers_in_sessions_of_their_own(tmp_path: Path) -> None:
+    """torchrun starts each worker in a new session; subprocess.run's timeout would kill only
+    torchrun. run_command kills the launcher and every process below it."""
+    import sys
+
+    from tests.deepspeed_toys import is_alive
+
+    pid_file = tmp_path / "worker.pid"
+    launcher = (
+        "import subprocess, sys, time\n"
+        "cmd = [sys.executable, '-c', 'import time; time.sleep(600)']\n"
+        "w = subprocess.Popen(cmd, start_new_session=True)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(w.pid))\n"
+        "time.sleep(600)\n"
+    )
+    with pytest.raises(TimeoutError, match="did not finish within 5 s; it and its workers were killed"):
+        run_command([sys.executable, "-c", launcher], timeout=5)
+    worker = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while is_alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not is_alive(worker)

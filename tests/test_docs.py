@@ -50,3 +50,23 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     ):
         assert f'id="{name}"' in api, name
     assert "reward/frac_zero_std" in (site / "metrics" / "index.html").read_text(encoding="utf-8")
+
+
+def test_front_page_example_learns() -> None:
+    """docs/index.md's example, run as written: the held-out eval reward goes from chance (1/3)
+    well above it, and the page quotes what it prints."""
+    import re
+
+    page = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    code = page.split("```python", 1)[1].split("```", 1)[0]
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pattern = r"eval reward on held-out states: (\d\.\d\d) -> (\d\.\d\d) \(chance 0\.33\)"
+    m = re.fullmatch(pattern, proc.stdout.strip())
+    assert m is not None, proc.stdout
+    before, after = float(m[1]), float(m[2])
+    assert before < 0.45  # about chance before training
+    assert after > 0.75  # ~0.87: learned well above chance
+    quoted = re.search(rf"It prints `({pattern})`", page)
+    assert quoted is not None
+    assert abs(float(quoted[3]) - after) <= 0.03, (quoted[1], proc.stdout)

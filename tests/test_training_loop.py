@@ -6,6 +6,7 @@ import logging
 import math
 import re
 import threading
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -600,3 +601,33 @@ def test_evaluate_honours_reward_timeout() -> None:
             trainer.evaluate(bandit_states(2))
     finally:
         release.set()  # let the background thread finish
+
+
+# ---- step() and config.batch_size ---------------------------------------------------------
+def test_step_warns_once_when_given_another_number_of_states_than_batch_size() -> None:
+    """step() trains on every state it is given; batch_size only sets train()'s batches and the
+    arithmetic of optimizer_steps_per_step. A different number is worth one warning, not more."""
+    trainer = make_trainer()  # batch_size=4
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.step(bandit_states(6))
+        trainer.step(bandit_states(2))
+    messages = [str(w.message) for w in caught if "batch_size" in str(w.message)]
+    assert messages == [messages[0]]
+    assert "step() got 6 states but GRPOConfig.batch_size=4" in messages[0]
+    assert "only sets how many states train() draws per step" in messages[0]
+    assert "optimizer_steps_per_step" in messages[0]
+    assert caught[0].filename == __file__  # points at the caller
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_trainer().step(bandit_states(4))  # batch_size states: silent
+
+
+def test_other_iterables_resume_by_skipping_the_batches_already_fed() -> None:
+    class Batches:  # re-iterable, not a DataLoader: each pass yields the same 3 batches
+        def __iter__(self) -> Any:
+            return iter([[1], [2], [3]])
+
+    assert take(iter_state_batches(Batches(), 1, start=4), 3) == [[2], [3], [1]]
+    dl = torch.utils.data.DataLoader(torch.arange(4), batch_size=2)
+    assert [b.tolist() for b in take(iter_state_batches(dl, 2, start=3), 2)] == [[2, 3], [0, 1]]
