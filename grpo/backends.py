@@ -187,6 +187,32 @@ class LocalBackend:
     def reduce_metrics(self, metrics: Mapping[str, float], counts: StepCounts) -> dict[str, float]:
         return dict(metrics)
 
+    def weights_finite(self) -> bool:
+        """True when no weight the optimizer steps holds a NaN/inf (`grpo.guard.UpdateGuard.
+        check_weights`, once per update). Every process holds the same weights, so every process
+        decides the same without communicating.
+
+        Cost: one fused ``torch._foreach_norm`` (float32) over the weights, summed and read to the
+        host. A NaN/inf weight always makes that sum NaN/inf; a sum that is not finite is
+        confirmed tensor by tensor (``isfinite``), because huge finite weights (above ~1e19) can
+        overflow it too.
+        """
+        weights = [p for g in self.optimizer.param_groups for p in g["params"] if p.is_floating_point()]
+        if not weights:
+            return True
+        with torch.no_grad():
+            norms = torch._foreach_norm(weights, 2, dtype=torch.float32)
+            if norms[0].is_cpu:  # reading each norm is cheaper than stacking them (no device)
+                total = sum(map(float, norms))
+            else:
+                try:
+                    total = float(torch.stack(norms).sum())  # one read from the device
+                except RuntimeError:  # weights on several devices: one read per tensor
+                    total = sum(map(float, norms))
+            if math.isfinite(total):
+                return True
+            return all(bool(torch.isfinite(w).all()) for w in weights)
+
     def check_same_optimizer_steps(self, num_groups: int, mini_batch_size: int) -> None:
         return
 

@@ -7,6 +7,9 @@ Names follow seed 002 (``group_size``, ``batch_size``, ``num_epochs_per_update``
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -47,6 +50,81 @@ def _is_exactly_one(v: object) -> bool:
 
 def _help(text: str) -> dict[str, str]:
     return {"help": text}
+
+
+def _example(name: str) -> str:
+    """`` Valid: e.g. <default> (the default).`` for a field whose default is a number, else ""."""
+    default = _DEFAULTS.get(name)
+    if not isinstance(default, (int, float)) or isinstance(default, bool):
+        return ""
+    return f" Valid: e.g. {name}={default!r} (the default)."
+
+
+# Names other GRPO/PPO libraries (TRL, OpenRLHF, verl, stable-baselines3...) use for a field, and
+# common short forms: an unknown keyword found here is answered with the GRPOConfig name.
+_ALIASES: dict[str, str] = {
+    "lr": "learning_rate",
+    "learning_rate_init": "learning_rate",
+    "wd": "weight_decay",
+    "beta": "kl_coeff",
+    "kl_coef": "kl_coeff",
+    "kl_beta": "kl_coeff",
+    "init_kl_coef": "kl_coeff",
+    "ent_coef": "entropy_coeff",
+    "entropy_coef": "entropy_coeff",
+    "num_generations": "group_size",
+    "n_samples_per_prompt": "group_size",
+    "rollout_n": "group_size",
+    "epsilon": "clip_epsilon",
+    "eps_clip": "clip_epsilon",
+    "clip_range": "clip_epsilon",
+    "cliprange": "clip_epsilon",
+    "epsilon_high": "clip_epsilon_high",
+    "clip_ratio_high": "clip_epsilon_high",
+    "num_iterations": "num_epochs_per_update",
+    "ppo_epochs": "num_epochs_per_update",
+    "n_epochs": "num_epochs_per_update",
+    "num_epochs": "num_epochs_per_update",
+    "epochs": "num_epochs_per_update",
+    "grad_clip": "max_grad_norm",
+    "max_norm": "max_grad_norm",
+    "clip_grad_norm": "max_grad_norm",
+    "lr_scheduler_type": "lr_schedule",
+    "lr_scheduler": "lr_schedule",
+    "scheduler": "lr_schedule",
+    "warmup": "warmup_steps",
+    "num_warmup_steps": "warmup_steps",
+    "loss_type": "loss_aggregation",
+    "scale_rewards": "normalize_advantages",
+}
+
+
+def _meant(name: str, known: list[str]) -> list[str]:
+    """The fields a keyword that is no field probably meant: its alias, else close spellings."""
+    return [_ALIASES[name]] if name in _ALIASES else difflib.get_close_matches(name, known, n=2)
+
+
+def _suggestions(unknown: dict[str, Any], known: list[str]) -> str:
+    """`` Did you mean learning_rate=0.001?`` for the keywords ``name -> value`` with a likely field."""
+    hints = [
+        " or ".join(f"{m}={value!r}" for m in _meant(name, known))
+        for name, value in unknown.items()
+        if _meant(name, known)
+    ]
+    return f" Did you mean {', '.join(hints)}?" if hints else ""
+
+
+def _unknown_fields_message(where: str, unknown: dict[str, Any], known: list[str]) -> str:
+    """What ``where`` says about keywords ``name -> value`` that are no field: the field meant (an
+    alias of another library, or a close spelling), and the list of fields when one has none."""
+    parts = []
+    for name, value in unknown.items():
+        meant = _meant(name, known)
+        hint = f" (did you mean {' or '.join(f'{m}={value!r}' for m in meant)}?)" if meant else ""
+        parts.append(f"{name}={value!r}{hint}")
+    listed = not all(_meant(name, known) for name in unknown)
+    listing = f" Valid fields: {', '.join(sorted(known))}." if listed else ""
+    return f"{where} got unknown field{'s' if len(parts) > 1 else ''} {', '.join(parts)}.{listing}"
 
 
 @dataclass
@@ -299,10 +377,12 @@ class GRPOConfig:
     non_finite: NonFinitePolicy = field(
         default="skip",
         metadata=_help(
-            "What a NaN/inf loss or gradient does: 'skip' = the whole update of that step is undone "
-            "(weights and optimizer state bitwise as before the step), counted in "
-            "optim/non_finite_steps, with a warning; 'raise' = undo the same way, then raise "
-            "FloatingPointError."
+            "What a NaN/inf loss or gradient does (or a NaN/inf learning rate or weight decay of "
+            "the optimizer, or weights an optimizer step made NaN/inf): 'skip' = the whole update "
+            "of that step is undone (weights and optimizer state bitwise as before the step), "
+            "counted in optim/non_finite_steps, with a warning; 'raise' = undo the same way, then "
+            "raise FloatingPointError. Weights made NaN/inf by an update of a single optimizer "
+            "step cannot be undone (no copy is kept) and always raise (grpo/guard.py)."
         ),
     )
     invalid_rewards: InvalidRewardPolicy = field(
@@ -390,11 +470,12 @@ class GRPOConfig:
         from grpo.recipes import recipe_values
 
         values = recipe_values(name)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(overrides) - known)
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = {k: v for k, v in overrides.items() if k not in known}
         if unknown:
             raise TypeError(
-                f"GRPOConfig.recipe({name!r}) got unknown fields {unknown}; valid: {sorted(known)}."
+                f"GRPOConfig.recipe({name!r}) got unknown fields {sorted(unknown)}; valid: "
+                f"{sorted(known)}.{_suggestions(unknown, known)}"
             )
         values.update(overrides)
         values["recipe_name"] = name
@@ -411,14 +492,17 @@ class GRPOConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
                 raise bad(name, f"expected an integer >= {minimum}" + (" or None" if optional else ""))
 
-        def check_float(name: str, lo: float, lo_inclusive: bool, hi: float | None = None) -> None:
+        def check_float(
+            name: str, lo: float, lo_inclusive: bool, hi: float | None = None, *, finite: bool = False
+        ) -> None:
             v = getattr(self, name)
             ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
             if ok:
                 ok = (v >= lo if lo_inclusive else v > lo) and (hi is None or v < hi)
+                ok = ok and (not finite or math.isfinite(v))
             if not ok:
                 rng = f"{'>=' if lo_inclusive else '>'} {lo}" + (f" and < {hi}" if hi else "")
-                raise bad(name, f"expected a number {rng}")
+                raise bad(name, f"expected a {'finite ' if finite else ''}number {rng}", _example(name))
 
         if isinstance(self.group_size, int) and not isinstance(self.group_size, bool) and self.group_size < 2:
             raise bad(
@@ -437,15 +521,19 @@ class GRPOConfig:
         check_int("checkpoint_freq", 1, optional=True)
         if self.seed is not None:
             check_int("seed", 0)
-        check_float("learning_rate", 0.0, False)
-        check_float("weight_decay", 0.0, True)
+        # finite: one optimizer step with an infinite learning rate or weight decay makes every
+        # weight inf/NaN (the update guard would undo it, but the run could never train)
+        check_float("learning_rate", 0.0, False, finite=True)
+        check_float("weight_decay", 0.0, True, finite=True)
         if not _is_exactly_one(self.clip_epsilon):  # 1.0 = no lower bound (CISPO's IS weight)
             check_float("clip_epsilon", 0.0, False, 1.0)
         if self.clip_epsilon_high is not None:
             check_float("clip_epsilon_high", 0.0, False)
-        check_float("kl_coeff", 0.0, True)
-        check_float("entropy_coeff", 0.0, True)
-        check_float("advantage_eps", 0.0, False)
+        # finite: inf makes every loss non-finite (kl_coeff, entropy_coeff) or every advantage 0
+        # (advantage_eps), so nothing would ever train
+        check_float("kl_coeff", 0.0, True, finite=True)
+        check_float("entropy_coeff", 0.0, True, finite=True)
+        check_float("advantage_eps", 0.0, False, finite=True)
         check_float("log_ratio_clamp", 0.0, False)
         if self.max_grad_norm is not None:
             check_float("max_grad_norm", 0.0, False)
@@ -607,3 +695,25 @@ class GRPOConfig:
             lines.append(f"  {k:<{width}} = {v!r}")
         lines.append(")")
         return "\n".join(lines)
+
+
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+_FIELD_NAMES: list[str] = list(_DEFAULTS)
+_dataclass_init = GRPOConfig.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _init_naming_unknown_fields(self: GRPOConfig, *args: Any, **kwargs: Any) -> None:
+    """The dataclass ``__init__``; a keyword that is no field gets the field meant (``lr`` ->
+    ``learning_rate``) instead of Python's bare "unexpected keyword argument". ``functools.wraps``
+    keeps ``inspect.signature(GRPOConfig)`` the dataclass's; type checkers see the dataclass too."""
+    try:
+        _dataclass_init(self, *args, **kwargs)
+    except TypeError:
+        unknown = {k: v for k, v in kwargs.items() if k not in _DEFAULTS}
+        if unknown:
+            raise TypeError(_unknown_fields_message("GRPOConfig", unknown, _FIELD_NAMES)) from None
+        raise
+
+
+GRPOConfig.__init__ = _init_naming_unknown_fields  # type: ignore[method-assign]

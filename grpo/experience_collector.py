@@ -405,6 +405,45 @@ def to_reward_tensor(
     return t
 
 
+def _states_type_error(states: Any) -> str:
+    """Why ``states`` (not a Tensor, not a sequence) is refused, and what to pass instead."""
+    kind = type(states).__name__
+    if isinstance(states, np.ndarray):
+        return (
+            f"states is a NumPy array of shape {states.shape}; pass a Tensor (B, ...): "
+            f"torch.from_numpy(states), or a list of states: list(states)."
+        )
+    if isinstance(states, (str, bytes)):
+        return f"states is a single {kind}; pass a list of states, e.g. step([state])."
+    if hasattr(states, "__iter__"):  # a generator, iterator, set...: not indexable
+        return (
+            f"states is a {kind}, not a sequence the trainer can index and count; pass a list or "
+            f"a Tensor (B, ...), e.g. step(list(states))."
+        )
+    return (
+        f"states must be a sequence of states or a Tensor (B, ...), got {kind}. Wrap a single "
+        f"state in a list: step([state])."
+    )
+
+
+def _stack_hint(states: Any, error: BaseException) -> str | None:
+    """The message for a policy that failed on ``states`` given as a list of same-shape Tensors
+    because it takes one Tensor (B, ...) (the error names the list type); None otherwise."""
+    if isinstance(states, Tensor) or not isinstance(states, Sequence) or not states:
+        return None
+    if type(states).__name__ not in str(error) or not all(isinstance(s, Tensor) for s in states):
+        return None
+    shapes = {tuple(s.shape) for s in states}
+    if len(shapes) != 1:
+        return None
+    shape = next(iter(shapes))
+    return (
+        f"{type(error).__name__}: {error}, with states given as a {type(states).__name__} of "
+        f"{len(states)} Tensors of shape {shape}. If the policy takes a Tensor (B, ...), pass "
+        f"torch.stack(states) (shape {(len(states), *shape)})."
+    )
+
+
 class ExperienceCollector:
     """Runs the policy, the reward and (if any) the reference policy to build an `ExperienceBatch`.
 
@@ -623,10 +662,7 @@ class ExperienceCollector:
             if states.device != self.device:
                 states = states.to(self.device)
         elif isinstance(states, (str, bytes)) or not isinstance(states, Sequence):
-            raise TypeError(
-                f"states must be a sequence of states or a Tensor (B, ...), got "
-                f"{type(states).__name__}. Wrap a single state in a list: step([state])."
-            )
+            raise TypeError(_states_type_error(states))
         elif len(states) == 0:
             raise ValueError("states is empty; step() needs at least one state.")
         return states
@@ -691,7 +727,13 @@ class ExperienceCollector:
                     states, self.group_size, **generate_kwargs
                 )
             else:
-                raw_actions = self.policy.generate_actions(states, self.group_size, **generate_kwargs)
+                try:
+                    raw_actions = self.policy.generate_actions(states, self.group_size, **generate_kwargs)
+                except (TypeError, AttributeError) as e:
+                    hint = _stack_hint(states, e)
+                    if hint is None:
+                        raise
+                    raise TypeError(f"{_where(self.policy, 'generate_actions')} raised {hint}") from e
             actions, group_ids, g = self._flatten_actions(raw_actions, num_states)
             flat_states = self._flatten_states(states)
             t1 = time.perf_counter()

@@ -3,28 +3,78 @@
 `UpdateGuard.protect` wraps one update. When the update takes more than one optimizer step and
 the backend's state can be copied (`Backend.supports_rollback`), it first captures the weights,
 the optimizer and the LR schedule (`grpo.rollback.UpdateSnapshot`); an exception inside the
-block restores them and propagates. `UpdateGuard.accept` is asked after each optimizer step:
-a step whose loss or gradient was not finite was not applied by the backend; the guard restores
-the snapshot (undoing the earlier optimizer steps of the update), counts the step in
-``non_finite_steps``, and warns (``non_finite="skip"``) or raises `FloatingPointError`
-(``"raise"``). With a single optimizer step nothing has changed before the check, so no snapshot
-is needed.
+block restores them and propagates. Three checks refuse an update, each restoring the snapshot
+(undoing the earlier optimizer steps of the update), counting the step in ``non_finite_steps``
+and warning (``non_finite="skip"``) or raising `FloatingPointError` (``"raise"``):
+
+* `UpdateGuard.optimizer_step`, before the update's first optimizer step (`LocalBackend` and
+  `DataParallelBackend`): a learning rate or weight decay of the optimizer that is NaN/inf (a
+  user's optimizer, or one changed by hand) refuses the step before it changes anything. Host
+  only: a few dict reads per parameter group. (Within an update only the trainer's LR schedule
+  changes them; a later step made non-finite is left to the weight check.)
+* `UpdateGuard.accept`, after each optimizer step: a step whose loss or gradient was not finite
+  was not applied by the backend.
+* `UpdateGuard.check_weights`, after the update's last optimizer step (`LocalBackend` and
+  `DataParallelBackend`): a weight that is NaN/inf although the loss and the gradient were finite
+  (a huge learning rate, an optimizer that divides by zero). One fused reduction over the weights
+  and one host read per update (`LocalBackend.weights_finite`). Checking once per update suffices:
+  a non-finite weight stays non-finite through later optimizer steps, or makes their loss or
+  gradient non-finite, which `accept` refuses.
+
+With a single optimizer step nothing has changed before `optimizer_step` and `accept` refuse
+it, so no snapshot is needed. A non-finite weight found by `check_weights` after a single
+optimizer step cannot be undone (no copy was taken: copying the weights and the optimizer state
+on every step costs their memory again), so it raises `FloatingPointError` whatever
+``non_finite`` says: training cannot go on from such weights.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from grpo.backends import Backend, OptimizerStepResult
+from grpo.backends import Backend, LocalBackend, OptimizerStepResult
 from grpo.rollback import UpdateSnapshot
 
 __all__ = ["UpdateGuard"]
+
+_HYPERPARAMETERS = ("lr", "weight_decay")
+
+
+def _bad_hyperparameter(optimizer: torch.optim.Optimizer) -> str | None:
+    """``"lr=inf (param group 0)"`` for the first non-finite learning rate or weight decay of
+    ``optimizer``'s groups, else None. Numbers and one-element CPU tensors are read; tensors on an
+    accelerator are left to the weight check (reading them would wait for the device)."""
+    for i, group in enumerate(optimizer.param_groups):
+        for key in _HYPERPARAMETERS:
+            value = group.get(key)
+            if isinstance(value, Tensor) and value.device.type == "cpu" and value.numel() == 1:
+                value = float(value)
+            if isinstance(value, float) and not math.isfinite(value):
+                where = f" (param group {i})" if len(optimizer.param_groups) > 1 else ""
+                return f"{key}={value}{where}"
+    return None
+
+
+def _non_finite_weights(optimizer: torch.optim.Optimizer, policy: Any) -> str:
+    """The names (or positions and shapes) of the optimizer's weights that hold a NaN/inf."""
+    named = policy.get_parameters() if hasattr(policy, "get_parameters") else {}
+    names = {id(p): n for n, p in named.items()} if isinstance(named, Mapping) else {}
+    weights = [p for g in optimizer.param_groups for p in g["params"]]
+    with torch.no_grad():
+        bad = [
+            names.get(id(p), f"tensor {i} of shape {tuple(p.shape)}")
+            for i, p in enumerate(weights)
+            if p.is_floating_point() and not bool(torch.isfinite(p).all())
+        ]
+    shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+    return f"{len(bad)} of {len(weights)} weight tensors: {shown}"
 
 
 class UpdateGuard:
@@ -41,6 +91,12 @@ class UpdateGuard:
         self._active: UpdateSnapshot | None = None
         self._multi = False
         self._step = 0
+        self._backend: Backend | None = None
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._refused: str | None = None  # why `optimizer_step` refused the last step
+        self._check_hyperparameters = False
+        self._policy: Any = None
+        self._last: OptimizerStepResult | None = None
 
     @contextlib.contextmanager
     def protect(
@@ -52,9 +108,13 @@ class UpdateGuard:
         *,
         multi_step: bool,
         step: int,
+        policy: Any = None,
     ) -> Iterator[UpdateGuard]:
-        """Guard one update of ``multi_step`` (more than one optimizer step) at trainer ``step``."""
+        """Guard one update of ``multi_step`` (more than one optimizer step) at trainer ``step``;
+        ``policy`` names the weights in messages (its ``get_parameters()`` mapping)."""
         self._multi, self._step = multi_step, step
+        self._backend, self._optimizer, self._policy = backend, optimizer, policy
+        self._check_hyperparameters = True
         self._active = None
         if multi_step and backend.supports_rollback:
             self._snapshot.capture(list(params), optimizer, scheduler)
@@ -69,15 +129,43 @@ class UpdateGuard:
             if self._active is not None:
                 self._active.release()
             self._active = None
+            self._backend = self._optimizer = self._last = self._policy = None
+            self._refused = None
+
+    def optimizer_step(self) -> OptimizerStepResult:
+        """The backend's optimizer step, or, at the update's first one (`LocalBackend`,
+        `DataParallelBackend`), a refused one (not applied, gradients cleared) when the
+        optimizer's learning rate or weight decay is not finite: `accept` then says which."""
+        backend, optimizer = self._backend, self._optimizer
+        assert backend is not None, "optimizer_step() outside protect()"
+        assert optimizer is not None
+        if self._check_hyperparameters and isinstance(backend, LocalBackend):
+            self._check_hyperparameters = False
+            self._refused = _bad_hyperparameter(optimizer)
+            if self._refused is not None:
+                backend.zero_grad()
+                return OptimizerStepResult(math.nan, math.nan, applied=False)
+        return backend.optimizer_step()
 
     def accept(self, result: OptimizerStepResult) -> bool:
         """True when the optimizer step was applied; otherwise undo the update so far, count,
         and warn or raise."""
+        self._last = result
         if result.applied:
             return True
+        # a loss or gradient made non-finite by NaN/inf weights (e.g. from an earlier optimizer
+        # step of this update): name them (failure path only; before the restore repairs them)
+        broken = ""
+        backend, optimizer = self._backend, self._optimizer
+        if (
+            self._refused is None
+            and isinstance(backend, LocalBackend)
+            and optimizer is not None
+            and not backend.weights_finite()
+        ):
+            broken = f" (the weights hold NaN/inf: {_non_finite_weights(optimizer, self._policy)})"
         if self._active is not None:
             self._active.restore()
-        self.non_finite_steps += 1
         undone = (
             "the update of this step was undone, so the weights and the optimizer state are exactly "
             "as before it"
@@ -85,12 +173,62 @@ class UpdateGuard:
             else "the backend skipped this optimizer step; the earlier optimizer steps of this update "
             "stand (their optimizer state is partitioned over the processes)"
         )
-        msg = (
-            f"step {self._step}: the loss is {result.loss} and the gradient norm {result.grad_norm}; "
-            f"{undone} ({self.non_finite_steps} step(s) skipped so far). Look for NaN/inf in the "
-            f"policy's log-probs or weights, or lower the learning rate."
-        )
-        if self.non_finite == "raise":
-            raise FloatingPointError(msg + " (GRPOConfig(non_finite='skip') skips such steps instead.)")
-        warnings.warn(msg, RuntimeWarning, stacklevel=5)
+        if self._refused is not None:
+            what = f"the optimizer's {self._refused} is not finite, so its step was not taken; {undone}"
+            fix = (
+                "Give the optimizer a finite learning rate and weight decay, e.g. "
+                "torch.optim.AdamW(params, lr=3e-4), or use the trainer's default optimizer "
+                "(GRPOConfig(learning_rate=3e-4))."
+            )
+        else:
+            what = f"the loss is {result.loss} and the gradient norm {result.grad_norm}{broken}; {undone}"
+            fix = "Look for NaN/inf in the policy's log-probs or weights, or lower the learning rate."
+        self._refuse(what, fix, can_skip=True)
         return False
+
+    def check_weights(self) -> None:
+        """After the update's last optimizer step (all applied): undo the update if a weight is
+        NaN/inf (`LocalBackend`, `DataParallelBackend`; one fused reduction and one host read)."""
+        backend, optimizer = self._backend, self._optimizer
+        assert backend is not None, "check_weights() outside protect()"
+        assert optimizer is not None
+        if not isinstance(backend, LocalBackend) or backend.weights_finite():
+            return
+        which = _non_finite_weights(optimizer, self._policy)
+        lrs = sorted({g.get("lr") for g in optimizer.param_groups}, key=str)
+        norm = "" if self._last is None else f" ({self._last.grad_norm:.4g})"
+        cause = (
+            f"the optimizer step made weights NaN/inf ({which}) although the loss and the gradient "
+            f"norm{norm} were finite"
+        )
+        fix = (
+            f"Lower the learning rate (now {lrs[0] if len(lrs) == 1 else lrs}: "
+            f"GRPOConfig(learning_rate=...) or your optimizer's lr), keep max_grad_norm set, and "
+            f"check the optimizer's other hyper-parameters (weight_decay, eps > 0)."
+        )
+        if self._active is not None:
+            self._active.restore()
+            self._refuse(
+                f"{cause}; the update of this step was undone, so the weights and the optimizer "
+                f"state are exactly as before it",
+                fix,
+                can_skip=True,
+            )
+            return
+        self._refuse(
+            f"{cause}. With one optimizer step per trainer step no copy of the weights is kept "
+            f"(grpo/rollback.py), so this cannot be undone and training cannot go on; resume from "
+            f"the last checkpoint",
+            fix,
+            can_skip=False,
+        )
+
+    def _refuse(self, what: str, fix: str, *, can_skip: bool) -> None:
+        """Count the step, then warn (``non_finite="skip"`` and ``can_skip``) or raise."""
+        self.non_finite_steps += 1
+        count = f"{self.non_finite_steps} {'step(s) skipped' if can_skip else 'non-finite step(s)'} so far"
+        msg = f"step {self._step}: {what} ({count}). {fix}"
+        if self.non_finite == "raise" or not can_skip:
+            hint = " (GRPOConfig(non_finite='skip') skips such steps instead.)" if can_skip else ""
+            raise FloatingPointError(msg + hint)
+        warnings.warn(msg, RuntimeWarning, stacklevel=6)

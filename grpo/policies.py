@@ -10,6 +10,9 @@
 (e.g. a ``Normal`` over D action dims) are folded into the event with
 `torch.distributions.Independent`, so log-probs are one number per action.
 `categorical_mlp` and `gaussian_mlp` build the usual networks for discrete and continuous control.
+Their states are checked: numbers of shape (B, obs_dim) as a Tensor, a NumPy array or nested lists,
+cast to the network's dtype (float64 states are accepted); anything else raises naming the states
+and the expected shape.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
@@ -46,10 +50,18 @@ class CategoricalMLP(nn.Module):
         activation: type[nn.Module] = nn.Tanh,
     ) -> None:
         super().__init__()
+        self.obs_dim = obs_dim
         self.net = _mlp([obs_dim, *hidden, num_actions], activation)
 
     def forward(self, states: Tensor) -> Distribution:
         return Categorical(logits=self.net(states), validate_args=False)
+
+    def first_weight(self) -> Tensor:
+        """The first layer's weight: the dtype and device states are converted to."""
+        # self.net[0].weight as plain dict reads (Module.__getattr__ costs ~1 us on the hot path)
+        weight = self._modules["net"]._modules["0"]._parameters["weight"]  # type: ignore[union-attr]
+        assert weight is not None
+        return weight
 
 
 class GaussianMLP(nn.Module):
@@ -64,6 +76,7 @@ class GaussianMLP(nn.Module):
         log_std_init: float = 0.0,
     ) -> None:
         super().__init__()
+        self.obs_dim = obs_dim
         self.mean = _mlp([obs_dim, *hidden, action_dim], activation)
         self.log_std = nn.Parameter(torch.full((action_dim,), float(log_std_init)))
 
@@ -71,6 +84,97 @@ class GaussianMLP(nn.Module):
         mu = self.mean(states)
         std = self.log_std.exp().expand_as(mu)
         return Independent(Normal(mu, std, validate_args=False), 1, validate_args=False)
+
+    def first_weight(self) -> Tensor:
+        """The first layer's weight: the dtype and device states are converted to."""
+        # self.mean[0].weight as plain dict reads (Module.__getattr__ costs ~1 us on the hot path)
+        weight = self._modules["mean"]._modules["0"]._parameters["weight"]  # type: ignore[union-attr]
+        assert weight is not None
+        return weight
+
+
+_READY = (CategoricalMLP, GaussianMLP)
+
+
+def _describe(states: Any) -> str:
+    """``states`` in a few words for an error message."""
+    if isinstance(states, Tensor):
+        return f"a Tensor of shape {tuple(states.shape)} and dtype {states.dtype}"
+    if isinstance(states, np.ndarray):
+        return f"a NumPy array of shape {states.shape} and dtype {states.dtype}"
+    if isinstance(states, Sequence) and not isinstance(states, (str, bytes)) and states:
+        first = repr(states[0])
+        first = first if len(first) <= 40 else first[:37] + "..."
+        return f"a {type(states).__name__} of {len(states)} {type(states[0]).__name__} (first: {first})"
+    return f"{type(states).__name__} {states!r:.40}"
+
+
+def _ready_states(net: CategoricalMLP | GaussianMLP, states: Any) -> Tensor:
+    """``states`` as the (B, obs_dim) tensor of ``net``'s dtype and device, or an error naming them.
+
+    Accepted: a Tensor, a NumPy array, a sequence of Tensors (stacked) or nested lists of numbers,
+    of any real dtype (float64 and integers are cast). A Tensor already of the right shape, dtype
+    and device costs a few attribute reads.
+    """
+    weight, obs = net.first_weight(), net.obs_dim
+    if isinstance(states, Tensor):
+        if (
+            states.dim() == 2
+            and states.shape[1] == obs
+            and states.dtype == weight.dtype
+            and states.device == weight.device
+        ):
+            return states
+        x = states
+    else:
+        x = _numbers(net, states)
+    name = f"{type(net).__name__}(obs_dim={obs})"
+    if x.dim() != 2 or x.shape[1] != obs:
+        if x.dim() == 1 and x.shape[0] == obs:
+            fix = f" One state? Pass a batch of one: states[None] (shape (1, {obs}))."
+        elif x.dim() == 2:
+            fix = (
+                f" Each state has {x.shape[1]} features: build the policy for them (obs_dim="
+                f"{x.shape[1]}) or fix the states."
+            )
+        else:
+            fix = f" Flatten each state to {obs} numbers."
+        seen = _describe(states) if isinstance(states, Tensor) else f"states of shape {tuple(x.shape)}"
+        raise ValueError(
+            f"{name} expects states of shape (B, {obs}): B states of obs_dim={obs} numbers each; got "
+            f"{seen}.{fix}"
+        )
+    if x.is_complex():
+        raise TypeError(f"{name} takes real-valued states; got {_describe(states)}.")
+    return x.to(device=weight.device, dtype=weight.dtype)
+
+
+def _numbers(net: CategoricalMLP | GaussianMLP, states: Any) -> Tensor:
+    """Non-Tensor ``states`` (Tensors to stack, a NumPy array, nested lists) as one Tensor."""
+    obs = net.obs_dim
+    name = f"{type(net).__name__}(obs_dim={obs})"
+    if isinstance(states, Sequence) and states and isinstance(states[0], Tensor):
+        shapes = {tuple(s.shape) if isinstance(s, Tensor) else type(s).__name__ for s in states}
+        if len(shapes) != 1:
+            raise ValueError(
+                f"{name} got states as a list of Tensors of different shapes "
+                f"{sorted(map(str, shapes))}; expected B Tensors of shape ({obs},)."
+            )
+        return torch.stack(list(states))
+    expected = (
+        f"{name} takes states as numbers of shape (B, {obs}) (a Tensor, a NumPy array or B lists of "
+        f"{obs} numbers)"
+    )
+    try:
+        arr = np.asarray(states)
+    except (TypeError, ValueError) as e:  # ragged nested lists
+        raise TypeError(f"{expected}; got {_describe(states)}, which is not an array ({e}).") from e
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(
+            f"{expected}; got {_describe(states)} (NumPy dtype {arr.dtype}). Encode each state as "
+            f"{obs} numbers first."
+        )
+    return torch.from_numpy(np.ascontiguousarray(arr))
 
 
 def categorical_mlp(obs_dim: int, num_actions: int, hidden: Sequence[int] = (64, 64)) -> DistributionPolicy:
@@ -118,6 +222,9 @@ class DistributionPolicy(nn.Module):
         return dist
 
     def _as_tensor(self, states: Any) -> Tensor:
+        net = self.net
+        if type(net) in _READY:  # exactly the ready networks: a subclass may take other states
+            return _ready_states(net, states)  # type: ignore[arg-type]
         if isinstance(states, Tensor):
             return states
         if isinstance(states, Sequence) and states and isinstance(states[0], Tensor):

@@ -5,16 +5,21 @@ run again on one sample at a time (at most N calls, stopping at the first that r
 the sample that breaks it, and a `RewardError` names the reward (``where``, e.g.
 ``CombinedReward['format']``), the flat index, its group and position in the group, and the
 state and action (shortened). If it does not raise on any single sample (a reward that fails only
-on the batch), the error says so. With ``timeout`` the call runs in a daemon thread; after
+on the batch), the error says so. A reward that cannot be called as ``reward(states, actions)`` at
+all (``def reward(x)``, or a third required argument) raises `TypeError` saying what the signature
+must be, instead of being re-run per sample. With ``timeout`` the call runs in a daemon thread; after
 ``timeout`` seconds `RewardTimeoutError` is raised (the thread cannot be stopped and finishes in
 the background; its result is discarded).
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from grpo.reward_model_base import FunctionReward
 
 __all__ = ["RewardError", "RewardTimeoutError", "call_reward"]
 
@@ -67,6 +72,31 @@ def _locate(fn: Callable[[Any, Any], Any], states: Any, actions: Any) -> tuple[i
     return None
 
 
+def _signature_mismatch(fn: Callable[[Any, Any], Any], where: str) -> TypeError | None:
+    """A `TypeError` saying what a reward's signature must be when ``fn`` (or the function a
+    `FunctionReward` wraps) cannot take ``(states, actions)``; None when it can (or has no
+    inspectable signature): then the call's `TypeError` came from inside the reward."""
+    owner = getattr(fn, "__self__", None)
+    target: Any = owner.fn if isinstance(owner, FunctionReward) and fn == owner.compute_rewards else fn
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):  # builtins and other objects without a signature
+        return None
+    try:
+        sig.bind(None, None)
+    except TypeError as why:
+        name = getattr(target, "__qualname__", None) or type(target).__name__
+        call = name if name.isidentifier() else "my_reward"  # e.g. not "<lambda>"
+        return TypeError(
+            f"{where} cannot be called as reward(states, actions): {name}{sig} ({why}). A reward is "
+            f"called once per step with two arguments, the N flat states and the N flat actions, "
+            f"and returns N numbers: def reward(states, actions) -> list[float] | Tensor (N,) (a "
+            f"RewardModel: compute_rewards(self, states, actions)). Give it that signature, or "
+            f"adapt it, e.g. lambda states, actions: {call}(actions)."
+        )
+    return None
+
+
 def call_reward(
     fn: Callable[[Any, Any], Any],
     where: str,
@@ -84,6 +114,9 @@ def call_reward(
     except RewardTimeoutError:
         raise
     except Exception as e:
+        mismatch = _signature_mismatch(fn, where) if isinstance(e, TypeError) else None
+        if mismatch is not None:
+            raise mismatch from e
         found = _locate(fn, states, actions)
         if found is None:
             raise RewardError(

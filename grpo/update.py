@@ -7,9 +7,12 @@ objective, backward passes, then one optimizer step through the backend::
         for mb in opt_step.micro_batches:
             lp   = policy log-probs (+ entropy) of mb     # one forward
             out  = objective(lp, logp_old, A, mask, Z)    # grpo.grpo_objective
-            backend.backward(out.loss, last=mb.last)
-        result = backend.optimizer_step()                 # reduce, clip, step; or skip if non-finite
+            backend.backward(out.loss, last=mb.last)      # (update's 1st: raise if no parameter
+                                                          #  got a gradient)
+        result = guard.optimizer_step()                   # backend: reduce, clip, step; or skip if
+                                                          # non-finite (or lr/weight decay is)
         if not guard.accept(result): break                # grpo.guard: undo the whole update
+    else: guard.check_weights()                           # all applied: undo if a weight is NaN/inf
 
 `run_update` returns the update's metrics (`grpo.metrics` names) and the number of valid steps
 they were averaged over. Nothing here writes to the batch or the advantages.
@@ -24,11 +27,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from grpo.backends import Backend, OptimizerStepResult
+from grpo.backends import Backend, LocalBackend, OptimizerStepResult
 from grpo.experience_collector import ExperienceBatch, LogProbs, evaluate_log_probs, select_rows
 from grpo.grpo_objective import GRPOObjective, ObjectiveOutput, update_metrics
 from grpo.guard import UpdateGuard
-from grpo.policy_base import EntropyRequest, PolicyModel, set_training_mode
+from grpo.policy_base import EntropyRequest, PolicyModel, has_method, set_training_mode
 from grpo.update_plan import MicroBatch, NormaliserMode, OptimizerStep, UpdateDecisions, UpdatePlan
 
 __all__ = ["UpdateParts", "UpdateStatistics", "run_update"]
@@ -114,8 +117,9 @@ def run_update(
     first_epoch: list[Tensor] | None = [] if old is None and decisions.needs_old else None
     multi = plan.num_epochs * decisions.steps_per_epoch > 1
     with parts.guard.protect(
-        backend, parts.params, parts.optimizer, parts.scheduler, multi_step=multi, step=step
-    ) as guard:
+        backend, parts.params, parts.optimizer, parts.scheduler, multi_step=multi, step=step,
+        policy=parts.policy,
+    ) as guard:  # fmt: skip
         for opt_step in plan.optimizer_steps(batch.num_groups, batch.group_size, batch.group_ids):
             result = _optimizer_step(parts, batch, advantages, keep, old, opt_step, mode, stats, first_epoch)
             if first_epoch is not None:  # the first epoch's forwards are the behaviour log-probs
@@ -124,6 +128,8 @@ def run_update(
             stats.add_step(result)
             if not guard.accept(result):
                 break
+        else:  # every optimizer step was applied
+            guard.check_weights()
     stats.non_finite_steps = parts.guard.non_finite_steps
     return stats.finish()
 
@@ -150,6 +156,7 @@ def _optimizer_step(
     backend.zero_grad()
     counts: Tensor | None = None  # "deferred": the raw counts of the step's micro-batches
     step_stats: Tensor | None = None
+    check_grads = stats.optimizer_steps == 0  # the update's first backward
     for mb in opt_step.micro_batches:
         lp = _log_probs(parts, batch, mb, check_inf=first_epoch is not None)
         mask = _loss_mask(lp.mask, keep, mb.rows)
@@ -165,6 +172,9 @@ def _optimizer_step(
         )
         out = _objective(parts, batch, advantages, mb, lp, logp_old, mask, z, opt_step.on_policy, stats)
         backend.backward(out.loss, last=mb.last)
+        if check_grads:
+            _check_gradients_reached(parts, out.loss)
+            check_grads = False
         step_stats = out.stats if step_stats is None else step_stats + out.stats
         stats.add_extremes(out.extremes)
         if first_epoch is not None:
@@ -175,7 +185,7 @@ def _optimizer_step(
         backend.rescale_gradients(divisor)
         step_stats = ObjectiveOutput.rescale(step_stats, divisor)
     stats.add_objective(step_stats)
-    return backend.optimizer_step()
+    return parts.guard.optimizer_step()
 
 
 def global_normaliser(backend: Backend, objective: GRPOObjective, mask: Tensor) -> Tensor:
@@ -202,6 +212,31 @@ def _log_probs(parts: UpdateParts, batch: ExperienceBatch, mb: MicroBatch, *, ch
             f"collection)."
         )
     return lp
+
+
+def _check_gradients_reached(parts: UpdateParts, loss: Tensor) -> None:
+    """After the update's first backward: raise if the loss has a graph but none of the
+    policy's trainable tensors received a gradient (log-probs that require grad without depending
+    on the parameters, e.g. ``torch.full(..., requires_grad=True)``): the optimizer step would
+    train nothing while its state and the LR schedule advance. `LocalBackend` and
+    `DataParallelBackend` only (their gradients are the tensors' ``.grad``, cleared to None before
+    the step); usually one attribute read (the first tensor has a gradient)."""
+    if not loss.requires_grad or not isinstance(parts.backend, LocalBackend):
+        return
+    for p in parts.params:
+        if p.grad is not None:
+            return
+    parts.backend.zero_grad()
+    method = "evaluate_actions" if has_method(parts.policy, "evaluate_actions") else "get_log_probabilities"
+    raise ValueError(
+        f"{type(parts.policy).__name__}.{method} returned log-probs that require grad but do not "
+        f"depend on the policy's parameters: after the backward pass none of the {len(parts.params)} "
+        f"tensors from get_parameters() has a gradient, so nothing would learn while the optimizer "
+        f"state and the LR schedule advance (stopped before the optimizer step: nothing changed). "
+        f"Compute the log-probs from the parameters (e.g. "
+        f"log_softmax of the network's output), not from a new tensor such as torch.full(..., "
+        f"requires_grad=True), and return from get_parameters() the tensors they are computed from."
+    )
 
 
 def _objective(

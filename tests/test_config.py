@@ -1,4 +1,6 @@
 import dataclasses
+import inspect
+import pickle
 
 import pytest
 
@@ -74,3 +76,72 @@ def test_seed_names_exist() -> None:
         "checkpoint_freq",
     }
     assert seed_names <= names
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        (
+            {"learning_rate": float("inf")},
+            r"^GRPOConfig\.learning_rate=inf is not allowed: expected a finite number > 0\.0\. "
+            r"Valid: e\.g\. learning_rate=0\.0003 \(the default\)\.$",
+        ),
+        (
+            {"learning_rate": float("nan")},
+            r"^GRPOConfig\.learning_rate=nan is not allowed: expected a finite number > 0\.0\. Valid: "
+            r"e\.g\. learning_rate=0\.0003",
+        ),
+        ({"learning_rate": -1e-3}, r"^GRPOConfig\.learning_rate=-0\.001 is not allowed: expected a finite"),
+        (
+            {"weight_decay": float("inf")},
+            r"^GRPOConfig\.weight_decay=inf is not allowed: expected a finite number >= 0\.0\. "
+            r"Valid: e\.g\. weight_decay=0\.0 \(the default\)\.$",
+        ),
+        ({"weight_decay": float("-inf")}, r"^GRPOConfig\.weight_decay=-inf is not allowed"),
+        ({"kl_coeff": float("inf")}, r"^GRPOConfig\.kl_coeff=inf .*finite number >= 0\.0.*kl_coeff=0\.04"),
+        ({"entropy_coeff": float("inf")}, r"^GRPOConfig\.entropy_coeff=inf .*finite"),
+        ({"advantage_eps": float("inf")}, r"^GRPOConfig\.advantage_eps=inf .*finite number > 0\.0"),
+    ],
+)
+def test_non_finite_learning_rate_and_weight_decay_are_refused(
+    kwargs: dict[str, float], pattern: str
+) -> None:
+    """One optimizer step with lr or weight decay inf makes every weight non-finite."""
+    with pytest.raises(ValueError, match=pattern):
+        GRPOConfig(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        ({"lr": 1e-3}, r"^GRPOConfig got unknown field lr=0\.001 \(did you mean learning_rate=0\.001\?\)\.$"),
+        (
+            {"lerning_rate": 0.1},
+            r"^GRPOConfig got unknown field lerning_rate=0\.1 \(did you mean learning_rate=0\.1",
+        ),
+        ({"beta": 0.04}, r"unknown field beta=0\.04 \(did you mean kl_coeff=0\.04\?\)"),
+        ({"num_generations": 8}, r"unknown field num_generations=8 \(did you mean group_size=8\?\)"),
+        (
+            {"lr": 1e-3, "epochs": 2},
+            r"unknown fields lr=0\.001 \(did you mean learning_rate=0\.001\?\), epochs=2 \(did you mean "
+            r"num_epochs_per_update=2\?\)\.$",
+        ),
+        ({"xyzzy": 1}, r"^GRPOConfig got unknown field xyzzy=1\. Valid fields: advantage_baseline, .*whiten"),
+    ],
+)
+def test_unknown_keywords_name_the_field_meant(kwargs: dict[str, object], pattern: str) -> None:
+    with pytest.raises(TypeError, match=pattern):
+        GRPOConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_the_constructor_keeps_the_dataclass_signature_and_errors() -> None:
+    sig = inspect.signature(GRPOConfig)
+    assert list(sig.parameters) == [f.name for f in dataclasses.fields(GRPOConfig)]
+    assert sig.parameters["learning_rate"].default == 3e-4
+    cfg = GRPOConfig(learning_rate=0.1)
+    assert dataclasses.replace(cfg, group_size=4).learning_rate == 0.1
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+    with pytest.raises(TypeError, match=r"positional arguments but"):  # Python's own, unchanged
+        GRPOConfig(*range(60))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"unknown fields \['lr'\]; valid: .*Did you mean learning_rate=1"):
+        GRPOConfig.recipe("dapo", lr=1)

@@ -157,3 +157,113 @@ def test_set_training_mode_matches_train_and_respects_overrides() -> None:
     assert obj.mode == "eval"
     set_training_mode(obj, True)
     assert obj.mode == "train"
+
+
+# ---- the ready policies check their states ------------------------------------------------------
+def _ready(kind: str) -> DistributionPolicy:
+    torch.manual_seed(0)
+    return categorical_mlp(4, 3) if kind == "categorical" else gaussian_mlp(4, 2)
+
+
+@pytest.mark.parametrize("kind", ["categorical", "gaussian"])
+@pytest.mark.parametrize(
+    ("states", "exc", "pattern"),
+    [
+        (
+            torch.zeros(2, 5),
+            ValueError,
+            r"^{net}\(obs_dim=4\) expects states of shape \(B, 4\): B states of obs_dim=4 numbers each; got "
+            r"a Tensor of shape \(2, 5\) and dtype torch\.float32\. Each state has 5 features: build the "
+            r"policy for them \(obs_dim=5\) or fix the states\.$",
+        ),
+        (
+            torch.zeros(4),
+            ValueError,
+            r"^{net}\(obs_dim=4\) expects states of shape \(B, 4\).* got a Tensor of shape \(4,\) .*One "
+            r"state\? Pass a batch of one: states\[None\] \(shape \(1, 4\)\)\.$",
+        ),
+        (
+            [[0.0, 1.0], [2.0, 3.0]],
+            ValueError,
+            r"^{net}\(obs_dim=4\) expects states of shape \(B, 4\).*; got states of shape \(2, 2\)\. Each "
+            r"state has 2 features",
+        ),
+        (
+            [torch.zeros(3), torch.zeros(3)],
+            ValueError,
+            r"^{net}\(obs_dim=4\) expects states of shape \(B, 4\).*; got states of shape \(2, 3\)",
+        ),
+        (
+            [torch.zeros(4), torch.zeros(3)],
+            ValueError,
+            r"^{net}\(obs_dim=4\) got states as a list of Tensors of different shapes "
+            r"\['\(3,\)', '\(4,\)'\]; expected B Tensors of shape \(4,\)\.$",
+        ),
+        (
+            ["up", "down"],
+            TypeError,
+            r"^{net}\(obs_dim=4\) takes states as numbers of shape \(B, 4\) \(a Tensor, a NumPy array or B "
+            r"lists of 4 numbers\); got a list of 2 str \(first: 'up'\) \(NumPy dtype <U4\)\. Encode each "
+            r"state as 4 numbers first\.$",
+        ),
+        (
+            [[0.0] * 4, [0.0] * 3],
+            TypeError,
+            r"^{net}\(obs_dim=4\) takes states as numbers .*; got a list of 2 list .*which is not an array",
+        ),
+        (
+            torch.zeros(2, 4, dtype=torch.complex64),
+            TypeError,
+            r"^{net}\(obs_dim=4\) takes real-valued states; got a Tensor of shape \(2, 4\) and dtype "
+            r"torch\.complex64\.$",
+        ),
+    ],
+    ids=["features", "one-state", "lists", "tensor-list", "ragged-tensors", "strings", "ragged", "complex"],
+)
+def test_ready_policies_name_bad_states(
+    kind: str, states: object, exc: type[Exception], pattern: str
+) -> None:
+    policy = _ready(kind)
+    net = type(policy.net).__name__
+    before = [p.detach().clone() for p in policy.parameters()]
+    for call in (
+        lambda: policy.generate_actions(states, 2),
+        lambda: policy.generate_actions_with_log_probs(states, 2),
+        lambda: policy.get_log_probabilities(states, torch.zeros(2, dtype=torch.long)),
+        lambda: policy.evaluate_actions(states, torch.zeros(2, dtype=torch.long)),
+    ):
+        with pytest.raises(exc, match=pattern.replace("{net}", net)):
+            call()
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("kind", ["categorical", "gaussian"])
+def test_ready_policies_cast_float64_and_integer_states(kind: str) -> None:
+    policy = _ready(kind)
+    states = torch.randn(3, 4, dtype=torch.float64)
+    actions = policy.generate_actions(states.float(), 2).flatten(0, 1)
+    expected = policy.evaluate_actions(states.float(), actions, group_size=2).log_probs
+    for given in (states, states.numpy(), states.tolist(), list(states.numpy()), list(states)):
+        got = policy.evaluate_actions(given, actions, group_size=2).log_probs
+        assert got.dtype == torch.float32
+        assert torch.equal(got, expected), type(given)
+    assert policy.generate_actions(torch.ones(3, 4, dtype=torch.long), 2).shape[:2] == (3, 2)
+    double = _ready(kind).double()  # a float64 policy: float32 states are cast up
+    assert double.evaluate_actions(states.float(), actions, group_size=2).log_probs.dtype == torch.float64
+
+
+def test_ready_policy_float64_states_train_through_the_trainer() -> None:
+    from grpo import GRPOConfig, GRPOTrainer
+
+    policy = _ready("categorical")
+    trainer = GRPOTrainer(
+        GRPOConfig(group_size=4, batch_size=2, kl_coeff=0.0), policy, lambda s, a: a.float()
+    )
+    before = [p.detach().clone() for p in policy.parameters()]
+    metrics = trainer.step(torch.randn(2, 4, dtype=torch.float64))
+    assert metrics["optim/non_finite_steps"] == 0.0
+    assert not all(torch.equal(a, b) for a, b in zip(before, policy.parameters(), strict=True))
+    before = [p.detach().clone() for p in policy.parameters()]
+    with pytest.raises(ValueError, match=r"^CategoricalMLP\(obs_dim=4\) expects states of shape \(B, 4\)"):
+        trainer.step(torch.randn(2, 5))
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters(), strict=True))

@@ -115,3 +115,76 @@ def test_timeout_passes_results_and_errors_through() -> None:
         call_reward(
             parse, "parse", ["s"] * 8, ["ok0"] * 5 + ["bad"] + ["ok1"] * 2, group_size=4, timeout=10.0
         )
+
+
+# ---- a reward with the wrong signature -----------------------------------------------------------
+def one_arg(actions: list[str]) -> list[float]:
+    return [0.0] * len(actions)
+
+
+def three_args(states: list[str], actions: list[str], answers: list[str]) -> list[float]:
+    return [0.0] * len(actions)
+
+
+class OneArgModel:
+    def compute_rewards(self, actions: list[str]) -> list[float]:
+        return [0.0] * len(actions)
+
+    def train(self) -> None: ...
+    def eval(self) -> None: ...
+    def to(self, device: Any) -> Any:
+        return self
+
+
+@pytest.mark.parametrize(
+    ("reward", "pattern"),
+    [
+        (
+            one_arg,
+            r"^FunctionReward\(one_arg\)\.compute_rewards cannot be called as reward\(states, actions\): "
+            r"one_arg\(actions: 'list\[str\]'\) -> 'list\[float\]' \(too many positional arguments\)\. A "
+            r"reward is called once per step with two arguments, the N flat states and the N flat "
+            r"actions, and returns N numbers: def reward\(states, actions\) -> list\[float\] \| Tensor "
+            r"\(N,\) \(a RewardModel: compute_rewards\(self, states, actions\)\)\. Give it that "
+            r"signature, or adapt it, e\.g\. lambda states, actions: one_arg\(actions\)\.$",
+        ),
+        (
+            three_args,
+            r"^FunctionReward\(three_args\)\.compute_rewards cannot be called as reward\(states, "
+            r"actions\): three_args\(states: .*answers: .*\) .*\(missing a required argument: 'answers'\)",
+        ),
+        (
+            lambda x: [0.0] * len(x),
+            r"^FunctionReward\(<lambda>\)\.compute_rewards cannot be called as reward\(states, actions\): "
+            r"<lambda>\(x\) \(too many positional arguments\)\..*lambda states, actions: "
+            r"my_reward\(actions\)\.$",
+        ),
+        (
+            OneArgModel(),
+            r"^OneArgModel\.compute_rewards cannot be called as reward\(states, actions\): "
+            r"OneArgModel\.compute_rewards\(actions: .*\(too many positional arguments\)",
+        ),
+        (
+            CombinedReward({"format": one_arg}),
+            r"^CombinedReward\.components\['format'\] cannot be called as reward\(states, actions\): "
+            r"one_arg\(actions",
+        ),
+    ],
+    ids=["one-argument", "three-arguments", "lambda", "reward-model", "combined"],
+)
+def test_a_reward_with_the_wrong_signature_says_what_it_must_be(reward: Any, pattern: str) -> None:
+    policy = Words()
+    trainer = GRPOTrainer(CFG, policy, reward)
+    before = policy.w.detach().clone()
+    with pytest.raises(TypeError, match=pattern) as info:
+        trainer.step(["s0", "s2"])
+    assert not isinstance(info.value, RewardError)
+    assert torch.equal(policy.w, before)
+
+
+def test_a_type_error_inside_a_reward_with_the_right_signature_is_located() -> None:
+    def typo(states: list[str], actions: list[str]) -> list[float]:
+        return [len(a) + "1" for a in actions]  # type: ignore[operator]
+
+    with pytest.raises(RewardError, match=r"raised TypeError: unsupported operand.*flat index 0"):
+        GRPOTrainer(CFG, Words(), typo).step(["s0", "s2"])

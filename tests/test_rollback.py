@@ -204,3 +204,174 @@ def test_drop_groups_keeps_behaviour_log_probs_aligned() -> None:
         expected = policy.evaluate_actions(batch.states, batch.actions, group_size=4).log_probs
     torch.testing.assert_close(batch.old_log_probs.squeeze(1), expected)
     assert trainer.step(torch.randn(4, 3))["reward/dropped_groups"] == 1.0
+
+
+# ---- non-finite hyper-parameters and weights -----------------------------------------------
+class WritesInf(torch.optim.SGD):
+    """SGD that writes inf into one weight from its ``break_at``-th call on (a buggy optimizer: its
+    loss and gradient stay finite, only the weights go non-finite)."""
+
+    break_at = -1
+    calls = 0
+    target = 0  # which weight tensor
+
+    def step(self, closure: Any = None) -> Any:
+        out = super().step(closure)
+        self.calls += 1
+        if self.calls >= self.break_at > 0:
+            with torch.no_grad():
+                self.param_groups[0]["params"][self.target].view(-1)[0] = torch.inf
+        return out
+
+
+def _user_optimizer_trainer(
+    cfg: dict[str, Any], optimizer: type[torch.optim.Optimizer] = torch.optim.AdamW, **extra: Any
+) -> tuple[GRPOTrainer, torch.optim.Optimizer]:
+    policy = FaultyPolicy()
+    opt = optimizer(policy.parameters(), lr=1e-2)
+    trainer = GRPOTrainer(GRPOConfig(**cfg, **extra), policy, reward, optimizer=opt)
+    trainer.step(torch.randn(4, 3))  # the optimizer now has state
+    return trainer, opt
+
+
+@pytest.mark.parametrize("key", ["lr", "weight_decay"])
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+@pytest.mark.parametrize("cfg", [MULTI, SINGLE], ids=["multi-step", "single-step"])
+def test_a_user_optimizer_with_a_non_finite_lr_is_refused_bitwise(
+    key: str, value: float, cfg: dict[str, Any]
+) -> None:
+    """GRPOConfig refuses learning_rate=inf; a user's optimizer (or a hand-edited param group) is
+    refused before its step, with no copy needed."""
+    trainer, opt = _user_optimizer_trainer(cfg)
+    opt.param_groups[0][key] = value
+    before = _snapshot(trainer)
+    with pytest.warns(
+        RuntimeWarning,
+        match=rf"^step 1: the optimizer's {key}={value} is not finite, so its step was not taken; the "
+        r"update of this step was undone, so the weights and the optimizer state are exactly as before "
+        r"it \(1 step\(s\) skipped so far\)\. Give the optimizer a finite learning rate and weight "
+        r"decay, e\.g\. torch\.optim\.AdamW\(params, lr=3e-4\)",
+    ):
+        metrics = trainer.step(torch.randn(4, 3))
+    assert _same(before, _snapshot(trainer)), "weights and optimizer state bitwise unchanged"
+    assert metrics["optim/non_finite_steps"] == 1.0
+    assert trainer.non_finite_steps == 1
+    opt.param_groups[0][key] = 1e-2 if key == "lr" else 0.0
+    trainer.step(torch.randn(4, 3))  # training goes on
+    assert not _same(before, _snapshot(trainer))
+
+
+def test_a_non_finite_lr_with_non_finite_raise() -> None:
+    trainer, opt = _user_optimizer_trainer(SINGLE, non_finite="raise")
+    opt.param_groups[0]["lr"] = math.inf
+    before = _snapshot(trainer)
+    with pytest.raises(FloatingPointError, match=r"the optimizer's lr=inf is not finite.*non_finite='skip'"):
+        trainer.step(torch.randn(4, 3))
+    assert _same(before, _snapshot(trainer))
+    assert trainer.non_finite_steps == 1
+
+
+@pytest.mark.parametrize(
+    ("break_at", "target", "pattern"),
+    [
+        (  # the update's last optimizer step breaks a weight: the weight check undoes the update
+            4,
+            0,
+            r"^step 1: the optimizer step made weights NaN/inf \(1 of 4 weight tensors: "
+            r"net\.net\.0\.weight\) although the loss and the gradient norm \(.*\) were finite; the "
+            r"update of this step was undone, so the weights and the optimizer state are exactly as "
+            r"before it \(1 step\(s\) skipped so far\)\. Lower the learning rate \(now 0\.01: "
+            r"GRPOConfig\(learning_rate=\.\.\.\) or your optimizer's lr\)",
+        ),
+        (  # the first one: the next step's loss is NaN, and the message names the weight
+            1,
+            2,
+            r"^step 1: the loss is nan and the gradient norm nan \(the weights hold NaN/inf: 1 of 4 "
+            r"weight tensors: net\.net\.2\.weight\); the update of this step was undone",
+        ),
+        (  # the first one, a weight whose inf tanh absorbs: the end-of-update check finds it
+            1,
+            0,
+            r"^step 1: the optimizer step made weights NaN/inf \(1 of 4 weight tensors: "
+            r"net\.net\.0\.weight\) although the loss and the gradient norm \(.*\) were finite; the "
+            r"update of this step was undone",
+        ),
+    ],
+    ids=["last-optimizer-step", "first-optimizer-step", "first-optimizer-step-absorbed"],
+)
+def test_weights_made_non_finite_by_an_optimizer_step_are_undone(
+    break_at: int, target: int, pattern: str
+) -> None:
+    trainer, opt = _user_optimizer_trainer(MULTI, WritesInf)
+    assert isinstance(opt, WritesInf)
+    opt.calls, opt.break_at, opt.target = 0, break_at, target
+    before = _snapshot(trainer)
+    with pytest.warns(RuntimeWarning, match=pattern):
+        metrics = trainer.step(torch.randn(4, 3))
+    assert _same(before, _snapshot(trainer)), "weights and optimizer state bitwise unchanged"
+    assert all(bool(torch.isfinite(p).all()) for p in trainer.params)
+    assert metrics["optim/non_finite_steps"] == 1.0
+    assert trainer.non_finite_steps == 1
+
+
+def test_weights_made_non_finite_by_a_single_optimizer_step_raise_whatever_the_policy() -> None:
+    """One optimizer step per trainer step keeps no copy (it would cost the weights' and the
+    optimizer state's memory every step), so the weights cannot be put back: it always raises."""
+    trainer, opt = _user_optimizer_trainer(SINGLE, WritesInf)
+    assert isinstance(opt, WritesInf)
+    opt.calls, opt.break_at = 0, 1
+    with pytest.raises(
+        FloatingPointError,
+        match=r"^step 1: the optimizer step made weights NaN/inf \(1 of 4 weight tensors: "
+        r"net\.net\.0\.weight\) although the loss and the gradient norm \(.*\) were finite\. With one "
+        r"optimizer step per trainer step no copy of the weights is kept \(grpo/rollback\.py\), so this "
+        r"cannot be undone and training cannot go on; resume from the last checkpoint \(1 non-finite "
+        r"step\(s\) so far\)\. Lower the learning rate",
+    ):
+        trainer.step(torch.randn(4, 3))
+    assert trainer.non_finite_steps == 1
+
+
+def test_the_weight_check_has_no_false_positives() -> None:
+    """Huge finite weights overflow the fused float32 norm; the exact check then clears them."""
+    from grpo.backends import LocalBackend
+
+    w = torch.nn.Parameter(torch.tensor([1e30, -3e38, 1.0]))
+    b = torch.nn.Parameter(torch.ones(2, dtype=torch.float16))
+    backend = LocalBackend([w, b], torch.optim.SGD([w, b], lr=0.1), None, 1.0)
+    assert backend.weights_finite()
+    for bad in (math.inf, -math.inf, math.nan):
+        with torch.no_grad():
+            b[1] = bad
+        assert not backend.weights_finite(), bad
+    with torch.no_grad():
+        b[1] = 1.0
+        w[2] = -math.inf  # -inf among larger finite values
+    assert not backend.weights_finite()
+
+
+def test_a_non_finite_lr_is_caught_by_the_weight_check_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the hyper-parameter check (e.g. an lr tensor on a GPU, which is not read), the step
+    with lr=inf runs, makes every weight NaN/inf, and the guard undoes the update bitwise."""
+    import grpo.guard
+
+    monkeypatch.setattr(grpo.guard, "_bad_hyperparameter", lambda optimizer: None)
+    trainer, opt = _user_optimizer_trainer(MULTI)
+    opt.param_groups[0]["lr"] = math.inf
+    before = _snapshot(trainer)
+    with pytest.warns(RuntimeWarning, match=r"^step 1: .*weights.* NaN/inf.*net\.net\.0\.weight.*undone"):
+        metrics = trainer.step(torch.randn(4, 3))
+    assert _same(before, _snapshot(trainer)), "weights and optimizer state bitwise unchanged"
+    assert metrics["optim/non_finite_steps"] == 1.0
+
+
+def test_a_cpu_tensor_lr_is_read() -> None:
+    policy = FaultyPolicy()
+    opt = torch.optim.AdamW(policy.parameters(), lr=torch.tensor(1e-2), foreach=False)
+    trainer = GRPOTrainer(GRPOConfig(**SINGLE), policy, reward, optimizer=opt)
+    trainer.step(torch.randn(4, 3))
+    opt.param_groups[0]["lr"].fill_(math.inf)
+    before = _snapshot(trainer)
+    with pytest.warns(RuntimeWarning, match=r"^step 1: the optimizer's lr=inf is not finite"):
+        trainer.step(torch.randn(4, 3))
+    assert _same(before, _snapshot(trainer))

@@ -161,3 +161,53 @@ def test_from_groups_checks_its_input_like_collection() -> None:
     trainer = bandit_trainer()
     with pytest.raises(TypeError, match="train_on_batch expects an ExperienceBatch"):
         trainer.train_on_batch({"states": states})  # type: ignore[arg-type]
+
+
+class Unlinked(FreeLogProbs):
+    """Log-probs that require grad but are a new leaf, not computed from ``theta``."""
+
+    def get_log_probabilities(self, states: Tensor, actions: Tensor) -> Tensor:
+        return torch.full(actions.shape, -1.0, requires_grad=True)
+
+
+@pytest.mark.parametrize("mini_batch_size", [None, 1], ids=["one-optimizer-step", "two-optimizer-steps"])
+def test_refused_updates_advance_neither_the_lr_schedule_nor_the_optimizer(
+    mini_batch_size: int | None,
+) -> None:
+    """Log-probs that do not depend on the parameters, and a non-finite learning rate, are refused
+    before the optimizer steps: weights, optimizer state and LR schedule as before."""
+    cfg = GRPOConfig(
+        group_size=2, batch_size=2, mini_batch_size=mini_batch_size, kl_coeff=0.0, seed=0,
+        lr_schedule="linear", warmup_steps=2, total_steps=20,
+    )  # fmt: skip
+    policy = Unlinked(4)
+    trainer = GRPOTrainer(cfg, policy, fixed_rewards([0.0, 1.0, 0.5, 0.25]))
+    assert trainer.optimizer is not None
+    assert trainer.scheduler is not None
+
+    def state() -> tuple[Tensor, str, str]:
+        assert trainer.optimizer is not None
+        assert trainer.scheduler is not None
+        sched = str(trainer.scheduler.state_dict())
+        return policy.theta.detach().clone(), str(trainer.optimizer.state_dict()), sched
+
+    before = state()
+    with pytest.raises(ValueError, match=r"^Unlinked\.get_log_probabilities returned log-probs that require"):
+        trainer.step(torch.zeros(2, 1))
+    after = state()
+    assert torch.equal(before[0], after[0])
+    assert before[1:] == after[1:]
+    assert trainer.scheduler.last_epoch == 0
+
+    # the same trainer with linked log-probs trains; then a non-finite lr is refused
+    policy.get_log_probabilities = lambda s, a: FreeLogProbs.get_log_probabilities(policy, s, a)  # type: ignore[method-assign]
+    trainer.step(torch.zeros(2, 1))
+    assert trainer.scheduler.last_epoch == trainer.config.optimizer_steps_per_step
+    trainer.optimizer.param_groups[0]["lr"] = math.inf
+    before = state()
+    with pytest.warns(RuntimeWarning, match=r"the optimizer's lr=inf is not finite, so its step was not"):
+        metrics = trainer.step(torch.zeros(2, 1))
+    after = state()
+    assert torch.equal(before[0], after[0])
+    assert before[1:] == after[1:]
+    assert metrics["optim/non_finite_steps"] == 1.0

@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import Tensor
@@ -295,3 +296,86 @@ def test_optimizer_holding_none_of_the_policy_parameters() -> None:
         match=r"the optimizer \(SGD\) holds none of the 1 parameters that policy\.get_parameters\(\)",
     ):
         GRPOTrainer(CFG, ListPolicy(), arm_reward, optimizer=torch.optim.SGD(other.parameters(), lr=0.1))
+
+
+# ---- newcomer mistakes ---------------------------------------------------------------------
+@pytest.mark.parametrize("epochs", [1, 2], ids=["single-optimizer-step", "two-optimizer-steps"])
+def test_log_probs_that_require_grad_but_do_not_depend_on_the_parameters(epochs: int) -> None:
+    """torch.full(..., requires_grad=True) trains nothing: refused before the optimizer steps."""
+    policy = ListPolicy()
+    trainer = _trained(policy, cfg=dataclasses.replace(CFG, num_epochs_per_update=epochs))
+    policy.logp_hook = lambda x: torch.full(x.shape, -1.0, requires_grad=True)
+    _fails_cleanly(
+        trainer,
+        STATES,
+        ValueError,
+        r"^ListPolicy\.get_log_probabilities returned log-probs that require grad but do not depend on "
+        r"the policy's parameters: after the backward pass none of the 1 tensors from get_parameters\(\) "
+        r"has a gradient, so nothing would learn while the optimizer state and the LR schedule advance "
+        r"\(stopped before the optimizer step: nothing changed\)\. Compute the log-probs from the "
+        r"parameters .*not from a new tensor such as torch\.full\(\.\.\., requires_grad=True\)",
+    )
+    assert trainer.scheduler is None or trainer.scheduler.last_epoch == epochs
+
+
+def test_states_as_a_generator_suggest_a_list() -> None:
+    trainer = _trained(ListPolicy())
+    _fails_cleanly(
+        trainer,
+        (s for s in STATES),
+        TypeError,
+        r"^states is a generator, not a sequence the trainer can index and count; pass a list or a "
+        r"Tensor \(B, \.\.\.\), e\.g\. step\(list\(states\)\)\.$",
+    )
+
+
+def test_states_as_a_numpy_array_suggest_a_tensor() -> None:
+    trainer = _trained(ListPolicy())
+    _fails_cleanly(
+        trainer,
+        np.zeros((2, 3)),
+        TypeError,
+        r"^states is a NumPy array of shape \(2, 3\); pass a Tensor \(B, \.\.\.\): "
+        r"torch\.from_numpy\(states\), or a list of states: list\(states\)\.$",
+    )
+
+
+class TensorFormPolicy(torch.nn.Module):
+    """A user policy written for tensor states (B, 2): it calls its network on them directly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(2, 3)
+
+    def generate_actions(self, states: Tensor, g: int, **kw: Any) -> Tensor:
+        return torch.multinomial(torch.softmax(self.net(states), -1), g, replacement=True)
+
+    def get_log_probabilities(self, states: Tensor, actions: Tensor) -> Tensor:
+        return torch.log_softmax(self.net(states), -1).gather(1, actions.unsqueeze(1)).squeeze(1)
+
+    def get_parameters(self) -> dict[str, Tensor]:
+        return dict(self.named_parameters())
+
+
+def test_a_list_of_tensors_to_a_tensor_form_policy_suggests_stack() -> None:
+    trainer = GRPOTrainer(CFG, TensorFormPolicy(), lambda s, a: a.float())
+    trainer.step(torch.zeros(2, 2))
+    _fails_cleanly(
+        trainer,
+        [torch.zeros(2), torch.ones(2)],
+        TypeError,
+        r"^TensorFormPolicy\.generate_actions raised TypeError: linear\(\): argument 'input' .* must be "
+        r"Tensor, not list, with states given as a list of 2 Tensors of shape \(2,\)\. If the policy "
+        r"takes a Tensor \(B, \.\.\.\), pass torch\.stack\(states\) \(shape \(2, 2\)\)\.$",
+    )
+
+
+def test_a_policy_error_unrelated_to_list_states_is_left_alone() -> None:
+    policy = ListPolicy()
+    trainer = _trained(policy)
+
+    def broken(states: Any, g: int, **kw: Any) -> Any:
+        raise TypeError("something else")
+
+    policy.generate_actions = broken  # type: ignore[method-assign]
+    _fails_cleanly(trainer, [torch.zeros(2), torch.ones(2)], TypeError, r"^something else$")
