@@ -13,9 +13,18 @@ a checkpoint by accident)::
     components          name -> state dict: the advantage estimator's running statistics and
                         every object given to `register_checkpoint_state`
 
-`load_state_dict` checks every entry against this trainer (keys, types, ranges, the same
-components) before changing anything. The process-global RNG streams (Python, NumPy, torch) are
-not the trainer's: `grpo.checkpoint` saves and restores them beside this state.
+`load_state_dict` checks every entry against this live trainer before changing anything: keys,
+types, ranges and the same components; the weights' names, shapes and dtypes (and no NaN); the
+optimizer's param_groups (count, keys, parameter ids, hyper-parameters) and each parameter's
+state (for Adam/AdamW ``step`` a finite count >= 0, ``exp_avg``/``exp_avg_sq`` shaped and typed
+like the parameter, finite, the second moment >= 0); the scheduler's keys and value types (they
+become attributes of the scheduler); the generator state; the advantage estimator's running
+statistics. A problem is one `CheckpointError` naming the entry (and, from a checkpoint, the
+file). A failure after the checks (a registered component's own ``load_state_dict`` refusing its
+state) rolls everything back: the policy, reference, optimizer, scheduler, components, generator
+and counters are restored to what they were (the weights from a CPU copy taken before the load).
+The process-global RNG streams (Python, NumPy, torch) are not the trainer's: `grpo.checkpoint`
+saves, checks and restores them beside this state.
 
 Under FSDP (``GRPOConfig(fsdp=True)``, `grpo.fsdp_backend`) the entries have the same format as
 one process's (full tensors, torch's optimizer format), so a checkpoint moves between FSDP and
@@ -27,7 +36,9 @@ broadcasts rank 0's and shards them again.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,7 +47,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import Self
 
-from grpo.checkpoint import CheckpointError, load_policy_state, policy_state
+from grpo.checkpoint import (
+    MAX_COUNT,
+    POLICY_FILE,
+    REFERENCE_FILE,
+    STATE_FILE,
+    STATE_JSON,
+    CheckpointError,
+    _kind,
+    _short,
+    in_file,
+    load_policy_state,
+    policy_state,
+)
 
 if TYPE_CHECKING:
     from grpo.fsdp_backend import FSDPBackend
@@ -129,14 +152,41 @@ class TrainerStateMixin:
             self._fsdp_load_state_dict(fsdp, state, source)
             return
         self._check_state(state, source)
-        load_policy_state(self.policy, state["policy"])
-        if self.reference_policy is not None:
-            load_policy_state(self.reference_policy, state["reference_policy"], "reference_policy")
-        if self.optimizer is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-        self._load_rest(state)
+        self._check_tensors(state, source)
+        undo = self._capture()
+        stage = "policy"
+        try:
+            load_policy_state(self.policy, state["policy"])
+            if self.reference_policy is not None:
+                stage = "reference_policy"
+                load_policy_state(self.reference_policy, state["reference_policy"], "reference_policy")
+            if self.optimizer is not None:
+                stage = "optimizer"
+                self.optimizer.load_state_dict(_with_live_flags(state["optimizer"], self.optimizer))
+            if self.scheduler is not None:
+                stage = "scheduler"
+                self.scheduler.load_state_dict(copy.deepcopy(dict(state["scheduler"])))
+            for name, obj in self.stateful_components().items():
+                stage = f"components[{name!r}] ({type(obj).__name__}.load_state_dict)"
+                obj.load_state_dict(state["components"][name])
+            stage = "generator"
+            self._generator.set_state(state["generator"])
+            self.step_count = int(state["step_count"])
+            self.guard.non_finite_steps = int(state["non_finite_steps"])
+        except BaseException as e:
+            failed = self._restore(undo)
+            if not isinstance(e, Exception):
+                raise
+            undone = (
+                "the trainer was restored to its state before the load"
+                if not failed
+                else f"restoring the trainer's previous state failed too ({'; '.join(failed)}): the "
+                f"trainer is in an undefined state, build a new one"
+            )
+            file = {"policy": POLICY_FILE, "reference_policy": REFERENCE_FILE}.get(stage, STATE_JSON)
+            raise CheckpointError(
+                f"{in_file(source, file)}: {stage}: loading it failed ({type(e).__name__}: {e}); {undone}."
+            ) from e
 
     def _load_rest(self, state: Mapping[str, Any]) -> None:
         """The components, the generator and the counters (checked already)."""
@@ -234,15 +284,24 @@ class TrainerStateMixin:
             raise CheckpointError(f"{source}: trainer state entries missing {missing}, unknown {extra}.")
         for k in ("step_count", "non_finite_steps"):
             v = state[k]
-            if type(v) is not int or v < 0:
-                raise CheckpointError(f"{source}: {k} must be an integer >= 0, got {v!r}.")
+            if type(v) is not int or not 0 <= v <= MAX_COUNT:
+                raise CheckpointError(
+                    f"{in_file(source, STATE_JSON)}: scalars.{k}: must be an integer in [0, 2**63), got "
+                    f"{_short(v)} ({type(v).__name__})."
+                )
         g = state["generator"]
-        if (
-            not isinstance(g, torch.Tensor)
-            or g.dtype != torch.uint8
-            or g.shape != self._generator.get_state().shape
-        ):
-            raise CheckpointError(f"{source}: generator must be a torch.Generator state (uint8 tensor).")
+        live_g = self._generator.get_state()
+        if not isinstance(g, torch.Tensor) or g.dtype != torch.uint8 or g.shape != live_g.shape:
+            raise CheckpointError(
+                f"{in_file(source, STATE_FILE)}: generator: must be a torch.Generator state (a uint8 tensor "
+                f"of shape {tuple(live_g.shape)}), got {_kind(g)}."
+            )
+        try:
+            torch.Generator().set_state(g)
+        except (RuntimeError, ValueError) as e:
+            raise CheckpointError(
+                f"{in_file(source, STATE_FILE)}: generator: is not a valid torch.Generator state ({e})."
+            ) from None
 
         def has(key: str) -> str:
             return "has" if state[key] is not None else "has no"
@@ -250,27 +309,128 @@ class TrainerStateMixin:
         ref, opt, sched = self.reference_policy, self.optimizer, self.scheduler
         if (state["reference_policy"] is None) != (ref is None):
             raise CheckpointError(
-                f"{source}: the checkpoint {has('reference_policy')} reference policy but this trainer "
+                f"{in_file(source, STATE_JSON)}: reference: the checkpoint {has('reference_policy')} "
+                f"reference policy but this trainer "
                 f"{'has one' if ref is not None else 'has none'}; use the same kl_coeff (> 0 builds a "
                 f"reference) as the run that saved it."
             )
         if (state["optimizer"] is None) != (opt is None):
             raise CheckpointError(
-                f"{source}: the checkpoint {has('optimizer')} optimizer state but this trainer "
+                f"{in_file(source, STATE_JSON)}: tree.optimizer: the checkpoint {has('optimizer')} optimizer "
+                f"state but this trainer "
                 f"{'has an optimizer' if opt is not None else 'has none'}."
             )
         if (state["scheduler"] is None) != (sched is None):
             raise CheckpointError(
-                f"{source}: the checkpoint {has('scheduler')} LR scheduler state but trainer.scheduler is "
+                f"{in_file(source, STATE_JSON)}: tree.scheduler: the checkpoint {has('scheduler')} LR "
+                f"scheduler state but trainer.scheduler is "
                 f"{type(sched).__name__}; configure the same schedule."
             )
         comps = state["components"]
         if not isinstance(comps, Mapping) or set(comps) != set(self.stateful_components()):
             saved = sorted(comps) if isinstance(comps, Mapping) else type(comps).__name__
             raise CheckpointError(
-                f"{source}: the state holds stateful components {saved} but this trainer has "
+                f"{in_file(source, STATE_JSON)}: tree.components: the state holds stateful components "
+                f"{saved} but this trainer has "
                 f"{sorted(self.stateful_components())}; register the same ones (register_checkpoint_state)."
             )
+        from grpo.advantage_estimator import AdvantageEstimator
+
+        if isinstance(self.advantage_estimator, AdvantageEstimator):
+            problem = _running_stats_problem(comps["advantage_estimator"])
+            if problem is not None:
+                raise CheckpointError(
+                    f"{in_file(source, STATE_JSON)}: components['advantage_estimator']{problem}."
+                )
+
+    def _check_tensors(self, state: Mapping[str, Any], source: str) -> None:
+        """The checks of the entries that one process holds whole (not under FSDP): the weights
+        against the live models, the optimizer and scheduler state against the live ones."""
+        problem = _tensors_problem(policy_state(self.policy), state["policy"], "policy")
+        if problem is not None:
+            raise CheckpointError(f"{in_file(source, POLICY_FILE)}: {problem[0]}: {problem[1]}.")
+        ref = self.reference_policy
+        if ref is not None:
+            live_ref = policy_state(ref, "reference_policy")
+            problem = _tensors_problem(live_ref, state["reference_policy"], "reference_policy")
+            if problem is not None:
+                raise CheckpointError(f"{in_file(source, REFERENCE_FILE)}: {problem[0]}: {problem[1]}.")
+        if self.optimizer is not None:
+            opt_problem = _optimizer_problem(self.optimizer, state["optimizer"])
+            if opt_problem is not None:
+                file, field, why = opt_problem
+                raise CheckpointError(f"{in_file(source, file)}: {field}: {why}.")
+        if self.scheduler is not None:
+            problem = _scheduler_problem(self.scheduler, state["scheduler"])
+            if problem is not None:
+                raise CheckpointError(f"{in_file(source, STATE_JSON)}: {problem[0]}: {problem[1]}.")
+
+    def _weight_specs(self, role: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
+        """name -> (shape, dtype) of the live ``policy`` / ``reference_policy``: what
+        `grpo.checkpoint` checks a weight file's header against before reading a tensor. None
+        when there is no such model, or under FSDP (rank 0 checks the weights on load)."""
+        model = self.policy if role == "policy" else self.reference_policy
+        if model is None or self._fsdp_backend() is not None:
+            return None
+        return {k: (tuple(v.shape), v.dtype) for k, v in policy_state(model, role).items()}
+
+    def _capture(self) -> dict[str, Any]:
+        """What `load_state_dict` may change, to put back if it fails half-way: the weights as CPU
+        copies, the optimizer's state dict (its tensors are replaced on load, never written), deep
+        copies of the scheduler's and components' state dicts, the generator and the counters."""
+        ref, opt, sched = self.reference_policy, self.optimizer, self.scheduler
+
+        def weights(model: Any, role: str) -> dict[str, torch.Tensor]:
+            return {k: v.detach().to("cpu", copy=True) for k, v in policy_state(model, role).items()}
+
+        opt_state = None
+        if opt is not None:
+            sd = opt.state_dict()
+            opt_state = {
+                "state": {k: dict(v) for k, v in sd["state"].items()},
+                "param_groups": sd["param_groups"],
+            }
+        return {
+            "policy": weights(self.policy, "policy"),
+            "reference_policy": None if ref is None else weights(ref, "reference_policy"),
+            "optimizer": opt_state,
+            "scheduler": None if sched is None else copy.deepcopy(sched.state_dict()),
+            "components": {k: copy.deepcopy(v.state_dict()) for k, v in self.stateful_components().items()},
+            "generator": self._generator.get_state(),
+            "counters": (self.step_count, self.guard.non_finite_steps),
+        }
+
+    def _restore(self, undo: Mapping[str, Any]) -> list[str]:
+        """Put back what `_capture` took; the parts that could not be restored (normally none)."""
+        failed: list[str] = []
+
+        def attempt(what: str, fn: Any) -> None:
+            try:
+                fn()
+            except Exception as e:
+                failed.append(f"{what}: {type(e).__name__}: {e}")
+
+        attempt("policy", lambda: load_policy_state(self.policy, undo["policy"]))
+        if self.reference_policy is not None:
+            attempt(
+                "reference_policy",
+                lambda: load_policy_state(
+                    self.reference_policy, undo["reference_policy"], "reference_policy"
+                ),
+            )
+        opt = self.optimizer
+        if opt is not None:
+            attempt("optimizer", lambda: opt.load_state_dict(undo["optimizer"]))
+        if self.scheduler is not None:
+            attempt("scheduler", lambda: self.scheduler.load_state_dict(undo["scheduler"]))
+        for name, obj in self.stateful_components().items():
+            attempt(
+                f"components[{name!r}]",
+                lambda obj=obj, name=name: obj.load_state_dict(undo["components"][name]),
+            )
+        self._generator.set_state(undo["generator"])
+        self.step_count, self.guard.non_finite_steps = undo["counters"]
+        return failed
 
     def save_checkpoint(self, directory: str | os.PathLike[str], *, keep_last: int | None = None) -> Path:
         """Save everything needed to resume exactly to ``directory/step-<step_count>/`` (atomic).
@@ -317,22 +477,46 @@ class TrainerStateMixin:
         reward_model: Any,
         reference_policy: Any = None,
         optimizer: torch.optim.Optimizer | None = None,
+        device: str | None = None,
     ) -> Self:
         """A trainer with the checkpoint's config, built around ``policy`` / ``reward_model`` (and
-        the optional reference policy and optimizer, as in the constructor), then restored from it."""
+        the optional reference policy and optimizer, as in the constructor), then restored from it.
+
+        ``device`` replaces the saved config's ``device`` (e.g. ``'cpu'`` to load the checkpoint of
+        a CUDA run on a machine without one; the load then warns that the config differs in
+        ``device``). Without it, a saved device this machine lacks raises `CheckpointError`.
+        No path written in the checkpoint is opened: a saved ``deepspeed`` config path is refused
+        (`grpo.checkpoint.resume_config`). If anything fails, ``policy`` is moved back to its
+        device and the process-global RNG streams (which the constructor seeds) are put back.
+        """
         from grpo import checkpoint
         from grpo.config import GRPOConfig
 
-        saved = checkpoint.read_checkpoint_config(path)
+        if device is not None:
+            GRPOConfig(device=device)  # a bad argument: ValueError, not the checkpoint's fault
+        ckpt, saved = checkpoint.resume_config(path, device=device)
+        where = ckpt / checkpoint.STATE_JSON
         known = {f.name for f in dataclasses.fields(GRPOConfig)}
         unknown = sorted(set(saved) - known)
         if unknown:
-            raise checkpoint.CheckpointError(
-                f"the checkpoint's config has fields {unknown} that this version of GRPOConfig does not "
-                f"know; load it with the grpo version that saved it."
+            raise CheckpointError(
+                f"{where}: config: the fields {_short(unknown, 200)} are unknown to this version of "
+                f"GRPOConfig; load it with the grpo version that saved it."
             )
-        trainer = cls(GRPOConfig(**saved), policy, reward_model, reference_policy, optimizer)  # type: ignore[call-arg]
-        trainer.load_checkpoint(path)
+        try:
+            config = GRPOConfig(**saved)
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{where}: config: {e}") from None
+        rng = checkpoint.capture_rng()
+        home = _single_device(policy)
+        try:
+            trainer = cls(config, policy, reward_model, reference_policy, optimizer)  # type: ignore[call-arg]
+            trainer.load_checkpoint(ckpt)
+        except BaseException:
+            checkpoint.restore_rng(rng)
+            if home is not None:
+                policy.to(home)
+            raise
         return trainer
 
     @property
@@ -369,3 +553,355 @@ def _weights_problem(current: Mapping[str, Any], given: Any) -> str | None:
         return f"the model has tensors {sorted(current)[:8]} but the checkpoint has {keys}"
     wrong = [k for k, v in given.items() if not isinstance(v, torch.Tensor) or v.shape != current[k].shape]
     return f"tensors {wrong[:5]} have other shapes than the model's" if wrong else None
+
+
+# ---- checks of a state against the live trainer (before anything changes) ---------------------
+_IMPLEMENTATION_FLAGS = ("foreach", "fused", "capturable", "differentiable")
+"""Optimizer group entries that choose a kernel for this machine: the live optimizer's are kept."""
+_NON_NEGATIVE = frozenset(
+    {"lr", "initial_lr", "eps", "weight_decay", "momentum", "dampening", "lr_decay", "rho", "alpha",
+     "initial_accumulator_value", "max_lr", "min_lr"}
+)  # fmt: skip
+
+
+def _is_number(v: object) -> bool:
+    return type(v) in (int, float) and math.isfinite(v)  # type: ignore[arg-type]
+
+
+def _single_device(policy: Any) -> torch.device | None:
+    """The one device of an ``nn.Module`` policy's tensors (to move it back after a failed
+    `from_checkpoint`), else None."""
+    if not isinstance(policy, torch.nn.Module):
+        return None
+    devices = {t.device for t in [*policy.parameters(), *policy.buffers()]}
+    return devices.pop() if len(devices) == 1 else None
+
+
+def _with_live_flags(saved: Mapping[str, Any], opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """``saved`` with each group's implementation flags (fused, foreach, ...) taken from the live
+    optimizer: they pick kernels for this machine's devices, not numbers of the run."""
+    groups = [
+        {**g, **{k: live[k] for k in _IMPLEMENTATION_FLAGS if k in live}}
+        for g, live in zip(saved["param_groups"], opt.param_groups, strict=True)
+    ]
+    return {"state": saved["state"], "param_groups": groups}
+
+
+def _tensors_problem(live: Mapping[str, torch.Tensor], given: Any, role: str) -> tuple[str, str] | None:
+    """(field, problem) if ``given`` (name -> Tensor) does not have ``live``'s names, shapes and
+    dtypes, or holds NaN."""
+    if not isinstance(given, Mapping):
+        return role, f"is {type(given).__name__}; expected a mapping name -> Tensor"
+    missing, extra = sorted(set(live) - set(given)), sorted(map(str, set(given) - set(live)))
+    if missing or extra:
+        return role, (
+            f"the {role} has {missing[:5]} that the state lacks and the state has {_short(extra[:5], 200)} "
+            f"that the {role} lacks; build the {role} like the run that saved it"
+        )
+    for k, cur in live.items():
+        v = given[k]
+        if not isinstance(v, torch.Tensor) or v.shape != cur.shape or v.dtype != cur.dtype:
+            return f"{role}[{k!r}]", f"is {_kind(v)}; the {role}'s is {_kind(cur)}"
+        if (v.is_floating_point() or v.is_complex()) and bool(torch.isnan(v).any()):
+            return f"{role}[{k!r}]", "holds NaN"
+    return None
+
+
+def _same_kind(v: Any, live: Any) -> str | None:
+    """Why ``v`` does not have the structure of ``live`` (same keys, lengths, types, tensor shapes
+    and dtypes; finite numbers where ``live`` has a float), or None."""
+    if isinstance(live, (list, tuple)):
+        if not isinstance(v, (list, tuple)) or len(v) != len(live):
+            return f"is {_short(v)}; expected {len(live)} items like {_short(live)}"
+        for i, (x, y) in enumerate(zip(v, live, strict=True)):
+            problem = _same_kind(x, y)
+            if problem is not None:
+                return f"item {i} {problem}"
+        return None
+    if isinstance(live, Mapping):
+        if not isinstance(v, Mapping) or set(v) != set(live):
+            keys = sorted(map(str, v)) if isinstance(v, Mapping) else type(v).__name__
+            return f"has the keys {_short(keys)}; expected {_short(sorted(map(str, live)))}"
+        for k in live:
+            problem = _same_kind(v[k], live[k])
+            if problem is not None:
+                return f"[{k!r}] {problem}"
+        return None
+    if isinstance(live, bool):
+        ok = type(v) is bool
+    elif isinstance(live, int):
+        ok = type(v) is int
+    elif isinstance(live, float):
+        ok = _is_number(v)
+    elif isinstance(live, str):
+        ok = isinstance(v, str)
+    elif live is None:
+        ok = v is None
+    elif isinstance(live, torch.Tensor):
+        ok = isinstance(v, torch.Tensor) and v.shape == live.shape and v.dtype == live.dtype
+        if ok and v.is_floating_point():
+            ok = bool(torch.isfinite(v).all())
+    else:
+        ok = type(v) is type(live)
+    return None if ok else f"is {_kind(v)}; expected {_kind(live)}"
+
+
+def _hyper_problem(key: str, v: Any, live: Any) -> str | None:
+    """Why ``v`` cannot be the value of the optimizer group entry ``key`` whose live value is
+    ``live``, or None: numbers finite (>= 0 for lr, eps, weight_decay...; betas in [0, 1)),
+    implementation flags a bool or None, other flags and names equal to the live ones."""
+    if isinstance(live, bool) or live is None or isinstance(live, str):
+        if key in _IMPLEMENTATION_FLAGS:
+            return (
+                None if v is None or isinstance(v, bool) else f"is {_kind(v)}; expected true, false or null"
+            )
+        if type(v) is not type(live) or v != live:
+            return f"is {_short(v)}; this optimizer's is {live!r}: build it like the run that saved it"
+        return None
+    if isinstance(live, (int, float)):
+        if not _is_number(v):
+            return f"is {_kind(v)}; expected a finite number"
+        return f"is {v}; expected a number >= 0" if key in _NON_NEGATIVE and v < 0 else None
+    if isinstance(live, (list, tuple)):
+        if not isinstance(v, (list, tuple)) or len(v) != len(live):
+            return f"is {_short(v)}; this optimizer's is {_short(live)}"
+        for i, (x, y) in enumerate(zip(v, live, strict=True)):
+            problem = _hyper_problem(key, x, y)
+            if problem is not None:
+                return f"item {i} {problem}"
+        if key == "betas" and not all(0 <= x < 1 for x in v):
+            return f"is {_short(v)}; betas are in [0, 1)"
+        return None
+    return _same_kind(v, live)
+
+
+def _like_param(v: Any, p: torch.Tensor, nonnegative: bool) -> str | None:
+    if not isinstance(v, torch.Tensor) or v.shape != p.shape or v.dtype != p.dtype:
+        return f"is {_kind(v)}; expected a tensor like its parameter, {_kind(p.detach())}"
+    if (v.is_floating_point() or v.is_complex()) and not bool(torch.isfinite(v).all()):
+        return "holds NaN or inf"
+    if nonnegative and bool((v < 0).any()):
+        return "holds negative values (a second moment is >= 0)"
+    return None
+
+
+def _param_state_problem(
+    opt: torch.optim.Optimizer, group: Mapping[str, Any], p: torch.Tensor, s: Mapping[Any, Any]
+) -> tuple[str, str, str] | None:
+    """(file, key, problem) if ``s`` cannot be ``opt``'s state for the parameter ``p``."""
+    name = type(opt).__name__
+    if isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
+        want = {"step", "exp_avg", "exp_avg_sq"} | ({"max_exp_avg_sq"} if group.get("amsgrad") else set())
+        if set(s) != want:
+            return STATE_JSON, "", f"has the keys {_short(sorted(map(str, s)))}; {name} keeps {sorted(want)}"
+        for k in sorted(want):
+            v = s[k]
+            if k == "step":
+                if not (isinstance(v, torch.Tensor) and v.dim() == 0 and v.is_floating_point()):
+                    return STATE_FILE, k, f"is {_kind(v)}; expected a 0-d floating-point tensor"
+                if not (math.isfinite(float(v)) and float(v) >= 0):
+                    return STATE_FILE, k, f"is {float(v)}; expected a finite count >= 0"
+                continue
+            problem = _like_param(v, p, nonnegative=k != "exp_avg")
+            if problem is not None:
+                return STATE_FILE, k, problem
+        return None
+    if isinstance(opt, torch.optim.SGD):
+        if not set(s) <= {"momentum_buffer"}:
+            return (
+                STATE_JSON,
+                "",
+                f"has the keys {_short(sorted(map(str, s)))}; SGD keeps ['momentum_buffer']",
+            )
+        buf = s.get("momentum_buffer")
+        problem = None if buf is None else _like_param(buf, p, nonnegative=False)
+        return None if problem is None else (STATE_FILE, "momentum_buffer", problem)
+    live = opt.state.get(p)
+    if live:  # another optimizer that has state for this parameter: the same structure
+        if set(s) != set(live):
+            return STATE_JSON, "", f"has the keys {_short(sorted(map(str, s)))}; {name} keeps {sorted(live)}"
+        for k, v in s.items():
+            problem = _same_kind(v, live[k])
+            if problem is not None:
+                return STATE_FILE, str(k), problem
+        return None
+    for k, v in s.items():  # another optimizer before its first step: scalars or like the parameter
+        if isinstance(v, torch.Tensor):
+            if v.dim() == 0:
+                ok = not v.is_floating_point() or math.isfinite(float(v))
+                problem = None if ok else "is not finite"
+            else:
+                problem = _like_param(v, p, nonnegative=False)
+        else:
+            ok = v is None or isinstance(v, bool) or _is_number(v)
+            problem = None if ok else f"is {_kind(v)}; expected a tensor, a finite number or null"
+        if problem is not None:
+            return STATE_FILE, str(k), problem
+    return None
+
+
+def _optimizer_problem(opt: torch.optim.Optimizer, saved: Any) -> tuple[str, str, str] | None:
+    """(file, field, problem) if ``saved`` cannot be ``opt``'s state dict: param_groups (count,
+    keys, parameter ids, hyper-parameters) against the live ones, each parameter's state against
+    the parameter, no two state tensors sharing memory."""
+    live = opt.state_dict()
+    if not isinstance(saved, Mapping) or set(saved) != set(live):
+        keys = sorted(map(str, saved)) if isinstance(saved, Mapping) else type(saved).__name__
+        return (
+            STATE_JSON,
+            "optimizer",
+            f"has the keys {_short(keys)}; torch's optimizer state has {sorted(live)}",
+        )
+    groups, live_groups = saved["param_groups"], live["param_groups"]
+    if not isinstance(groups, (list, tuple)) or len(groups) != len(live_groups):
+        n = len(groups) if isinstance(groups, (list, tuple)) else type(groups).__name__
+        return (
+            STATE_JSON,
+            "optimizer.param_groups",
+            (f"holds {n} groups; the optimizer ({type(opt).__name__}) has {len(live_groups)}"),
+        )
+    params: dict[int, tuple[torch.Tensor, Mapping[str, Any]]] = {}
+    for i, (g, lg, pg) in enumerate(zip(groups, live_groups, opt.param_groups, strict=True)):
+        field = f"optimizer.param_groups[{i}]"
+        if not isinstance(g, Mapping) or set(g) != set(lg):
+            keys = sorted(map(str, g)) if isinstance(g, Mapping) else type(g).__name__
+            return STATE_JSON, field, f"has the keys {_short(keys)}; the optimizer's group has {sorted(lg)}"
+        ids = g["params"]
+        if (
+            not isinstance(ids, (list, tuple))
+            or any(type(x) is not int for x in ids)
+            or list(ids) != lg["params"]
+        ):
+            return (
+                STATE_JSON,
+                f"{field}.params",
+                (
+                    f"names the parameters {_short(ids)}; the optimizer's group holds "
+                    f"{_short(lg['params'])}: "
+                    f"build the optimizer over the same parameters, in the same order"
+                ),
+            )
+        for k, v in g.items():
+            if k != "params":
+                problem = _hyper_problem(k, v, lg[k])
+                if problem is not None:
+                    return STATE_JSON, f"{field}.{k}", problem
+        for pid, p in zip(lg["params"], pg["params"], strict=True):
+            params[pid] = (p, g)
+    state = saved["state"]
+    if not isinstance(state, Mapping):
+        return (
+            STATE_JSON,
+            "optimizer.state",
+            f"is {type(state).__name__}; expected a mapping parameter id -> state",
+        )
+    storages: set[int] = set()
+    for pid, s in state.items():
+        field = f"optimizer.state[{pid!r}]"
+        if type(pid) is not int or pid not in params:
+            return (
+                STATE_JSON,
+                field,
+                f"is state for a parameter the optimizer does not have (ids 0..{len(params) - 1})",
+            )
+        if not isinstance(s, Mapping):
+            return STATE_JSON, field, f"is {_kind(s)}; expected a mapping"
+        p, group = params[pid]
+        found = _param_state_problem(opt, group, p, s)
+        if found is not None:
+            file, key, problem = found
+            return file, f"{field}.{key}" if key else field, problem
+        for k, v in s.items():
+            if isinstance(v, torch.Tensor) and v.numel() > 0:
+                ptr = v.untyped_storage().data_ptr()
+                if ptr in storages:
+                    return (
+                        STATE_FILE,
+                        f"{field}.{k}",
+                        "shares its memory with another tensor of the optimizer state",
+                    )
+                storages.add(ptr)
+    return None
+
+
+def _scheduler_problem(sched: Any, saved: Any) -> tuple[str, str] | None:
+    """(field, problem) if ``saved`` cannot be ``sched``'s state dict: the same keys (each becomes
+    an attribute of the scheduler), values of the live ones' types, `grpo.lr_schedules.LRSchedule`
+    fields it accepts, ``last_epoch >= -1`` and learning rates >= 0."""
+    live = sched.state_dict()
+    if not isinstance(saved, Mapping) or set(saved) != set(live):
+        keys = sorted(map(str, saved)) if isinstance(saved, Mapping) else type(saved).__name__
+        return "scheduler", (
+            f"has the keys {_short(keys)}; {type(sched).__name__}'s state has {sorted(live)} (each key "
+            f"becomes an attribute of the scheduler)"
+        )
+    for k, v in saved.items():
+        if k == "lr_lambdas" and isinstance(sched, torch.optim.lr_scheduler.LambdaLR):
+            problem = _lambdas_problem(sched, v, live[k])
+        else:
+            problem = _same_kind(v, live[k])
+        if problem is not None:
+            return f"scheduler.{k}", problem
+    if type(saved.get("last_epoch")) is int and saved["last_epoch"] < -1:
+        return "scheduler.last_epoch", f"is {saved['last_epoch']}; expected >= -1"
+    if type(saved.get("_step_count")) is int and saved["_step_count"] < 0:
+        return "scheduler._step_count", f"is {saved['_step_count']}; expected >= 0"
+    for k in ("base_lrs", "_last_lr"):
+        if isinstance(saved.get(k), (list, tuple)) and any(_is_number(x) and x < 0 for x in saved[k]):
+            return f"scheduler.{k}", f"is {_short(saved[k])}; learning rates are >= 0"
+    return None
+
+
+def _lambdas_problem(sched: Any, v: Any, live: Any) -> str | None:
+    from grpo.lr_schedules import LRSchedule
+
+    if not isinstance(v, (list, tuple)) or len(v) != len(live):
+        return f"is {_short(v)}; expected {len(live)} entries"
+    for i, (entry, live_entry, fn) in enumerate(zip(v, live, sched.lr_lambdas, strict=True)):
+        if not isinstance(fn, LRSchedule):
+            problem = _same_kind(entry, live_entry)
+            if problem is not None:
+                return f"entry {i} {problem}"
+            continue
+        if not isinstance(entry, Mapping) or set(entry) != set(live_entry):
+            return f"entry {i} is {_short(entry)}; expected the fields {sorted(live_entry)} of an LRSchedule"
+        name, warmup, total, floor = (
+            entry[k] for k in ("name", "warmup_steps", "total_steps", "lr_min_ratio")
+        )
+        if not (
+            isinstance(name, str)
+            and type(warmup) is int
+            and warmup >= 0
+            and (total is None or type(total) is int)
+            and _is_number(floor)
+            and 0 <= floor <= 1
+        ):
+            return f"entry {i} is {_short(entry)}; not the fields of an LRSchedule"
+        try:
+            LRSchedule(name, warmup, total, floor)  # type: ignore[arg-type]
+        except ValueError as e:
+            return f"entry {i}: {str(e).rstrip('.')}"
+    return None
+
+
+def _running_stats_problem(state: Any) -> str | None:
+    """Why ``state`` is not an `AdvantageEstimator` state (``"<stream>.<count|mean|m2>"`` -> a
+    finite scalar, count and m2 >= 0, each stream complete), or None."""
+    if not isinstance(state, Mapping):
+        return f": is {type(state).__name__}; expected a mapping"
+    fields = ("count", "mean", "m2")
+    streams: dict[str, set[str]] = {}
+    for key, v in state.items():
+        name, _, field = key.rpartition(".") if isinstance(key, str) else ("", "", "")
+        if not name or field not in fields:
+            return f"[{_short(key)}]: is not '<stream>.<count|mean|m2>'"
+        scalar = isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_complex()
+        if scalar or _is_number(v):
+            x = float(v)
+        else:
+            return f"[{key!r}]: is {_kind(v)}; expected a number (a 1-element tensor)"
+        if not math.isfinite(x) or (field != "mean" and x < 0):
+            return f"[{key!r}]: is {x}; expected a finite number" + (" >= 0" if field != "mean" else "")
+        streams.setdefault(name, set()).add(field)
+    incomplete = sorted(n for n, f in streams.items() if f != set(fields))
+    return f": the streams {incomplete} lack some of {list(fields)}" if incomplete else None

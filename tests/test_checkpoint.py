@@ -199,10 +199,13 @@ def test_incomplete_checkpoint_is_never_picked(tmp_path: Path) -> None:
     # truncate one file of the newest: its manifest no longer matches, so the previous one is used
     f = newest / "state.safetensors"
     f.write_bytes(f.read_bytes()[:-10])
-    assert find_latest_checkpoint(tmp_path) == tmp_path / "step-00000001"
+    skipped = r"skipping the checkpoint .*step-00000002: state\.safetensors has \d+ bytes, the manifest says"
+    with pytest.warns(RuntimeWarning, match=skipped):
+        assert find_latest_checkpoint(tmp_path) == tmp_path / "step-00000001"
     with pytest.raises(CheckpointError, match=r"state.safetensors has \d+ bytes, the manifest says \d+"):
         t.load_checkpoint(newest)
-    assert resume(str(tmp_path)).step_count == 1
+    with pytest.warns(RuntimeWarning, match=skipped):
+        assert resume(str(tmp_path)).step_count == 1
 
 
 def test_no_checkpoint_and_mismatches_fail_clearly(tmp_path: Path) -> None:
@@ -252,7 +255,10 @@ def test_planted_pickle_is_refused_without_running_it(tmp_path: Path, target: st
     meta["files"][target] = f.stat().st_size
     (ckpt / "state.json").write_text(json.dumps(meta))
 
-    with pytest.raises(CheckpointError, match=f"{target} is not a valid safetensors file.*never unpickles"):
+    with (
+        pytest.raises(CheckpointError, match=f"{target} is not a valid safetensors file.*never unpickles"),
+        pytest.warns(RuntimeWarning, match=f"skipping the checkpoint .*{target} is not a valid safetensors"),
+    ):
         make_trainer().load_checkpoint(tmp_path / "ckpt")
     assert not marker.exists()
 
