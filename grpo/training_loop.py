@@ -715,6 +715,8 @@ def train(
             f"GRPOConfig.checkpoint_freq={cfg.checkpoint_freq} but train() got no checkpoint_dir; "
             f"pass checkpoint_dir=... or set checkpoint_freq=None."
         )
+    if checkpoint_dir is not None:
+        _check_checkpoint_dir(Path(checkpoint_dir))
     zero_stage = getattr(trainer, "deepspeed_stage", None)
     if zero_stage is not None and (checkpoint_dir or resume_from) is not None:
         raise NotImplementedError(
@@ -820,6 +822,26 @@ def train(
             s.flush()
     _call(callbacks, "on_train_end", state)
     return state
+
+
+def _check_checkpoint_dir(path: Path) -> None:
+    """Refuse, before any step, a ``checkpoint_dir`` that cannot hold checkpoints: an existing
+    file (or one of its parents is a file), or a directory this process cannot write to."""
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                what = "is a file" if p == path else f"lies under {str(p)!r}, which is a file"
+                raise ValueError(
+                    f"train(checkpoint_dir={str(path)!r}): the path {what}, so no checkpoint could be "
+                    f"saved there (checkpoints are directories). Pass a directory path, e.g. "
+                    f"{str(path.with_suffix('')) + '_checkpoints'!r}, or remove the file."
+                )
+            if not os.access(p, os.W_OK | os.X_OK):
+                raise PermissionError(
+                    f"train(checkpoint_dir={str(path)!r}): {str(p)!r} is not writable by this process, "
+                    f"so no checkpoint could be saved there. Choose a writable directory."
+                )
+            return
 
 
 def _checkpoint(

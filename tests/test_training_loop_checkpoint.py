@@ -205,3 +205,19 @@ def test_registered_stateful_source_resumes_from_its_own_state(tmp_path: Path) -
         assert torch.equal(a, b)
     for p, q in zip(params_of(straight), params_of(resumed), strict=True):
         assert torch.equal(p, q)
+
+
+def test_a_checkpoint_dir_that_is_a_file_is_refused_before_any_step(tmp_path: Path) -> None:
+    from tests.reliability_toys import make_trainer as _make
+
+    trainer = _make()
+    before = [p.detach().clone() for p in trainer.params]
+    target = tmp_path / "run.ckpt"
+    target.write_text("not a directory")
+    for bad in (target, target / "sub"):
+        with pytest.raises(
+            ValueError, match=r"checkpoint_dir=.*(is a file|which is a file).*Pass a directory"
+        ):
+            trainer.train(torch.randn(8, 4), num_steps=3, checkpoint_dir=bad, progress=False)
+    assert trainer.step_count == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.params, strict=True))
