@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -24,19 +23,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.multiprocessing as mp
 
 from tests.distributed_toys import (
     LOCAL_B,
     SCENARIOS,
     STEPS,
-    _entry,
     build,
     data,
-    free_port,
+    kill_tree,
     params,
     run_steps,
 )
+from tests.distributed_toys import launch as dist_launch
 
 DS_SCENARIOS = ["bandit_deferred", "bandit_zero_var", "bandit_poison", "seq_deferred", "seq_known"]
 # label -> DeepSpeed config; *-offload: optimizer state on the CPU, stepped by DeepSpeedCPUAdam
@@ -196,40 +194,6 @@ def describe_locks(root: Path | None = None) -> str:
     return "op build lock(s) present: " + "; ".join(parts)
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (from /proc; empty where /proc is missing)."""
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(d.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def kill_tree(pid: int, wait: float = 10.0) -> None:
-    """SIGKILL ``pid``, every process below it and their process groups (torchrun starts each
-    worker in a session of its own; a worker's compiler runs in the worker's group), never the
-    test process's own group; then wait up to ``wait`` s until they are gone (files closed)."""
-    own = os.getpgrp()
-    pids = [pid, *_descendants(pid)]
-    for p in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            group = os.getpgid(p)
-            if group != own:
-                os.killpg(group, signal.SIGKILL)
-            os.kill(p, signal.SIGKILL)
-    deadline = time.monotonic() + wait
-    while any(is_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
 def run_command(cmd: list[str], *, timeout: float, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     """`subprocess.run(cmd, capture_output=True, text=True)` whose timeout kills the launcher and
     every worker it started (``subprocess.run`` kills only the launcher: torchrun's workers would
@@ -252,46 +216,16 @@ def run_command(cmd: list[str], *, timeout: float, **kwargs: Any) -> subprocess.
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def _grouped_entry(rank: int, world: int, port: int, fn: Callable[[int, int, Path], None], out: str) -> None:
-    os.setpgid(0, 0)  # this worker and what it starts (ninja, the compiler) form one process group
-    _entry(rank, world, port, fn, out)
-
-
 def launch(fn: Callable[[int, int, Path], None], out: Path, world: int = 2, timeout: float = 90.0) -> None:
-    """`tests.distributed_toys.launch` for the DeepSpeed tests: ``fn(rank, world, out)`` on
-    ``world`` spawned processes, each leading its own process group. At the timeout (or any
-    failure) every group is killed, compilers included, and a build lock the killed build left
-    is removed; the `TimeoutError` names the locks. A SIGABRT at teardown reruns once."""
-    try:
-        _launch_grouped(fn, out, world, timeout)
-    except mp.ProcessExitedException as e:
-        if e.signal_name != "SIGABRT":
-            raise
-        warnings.warn(f"distributed workers aborted ({e}); rerunning once", RuntimeWarning, stacklevel=2)
-        _launch_grouped(fn, out, world, timeout)
+    """`tests.distributed_toys.launch` whose timeout also removes the op build locks the killed
+    workers left and names the locks present (a worker may be waiting for a build)."""
+    dist_launch(fn, out, world, timeout, on_timeout=_lock_note)
 
 
-def _launch_grouped(fn: Callable[[int, int, Path], None], out: Path, world: int, timeout: float) -> None:
-    started = time.time()
-    args = (world, free_port(), fn, str(out))
-    ctx = mp.start_processes(_grouped_entry, args=args, nprocs=world, join=False, start_method="spawn")
-    pids = [p.pid for p in ctx.processes if p.pid is not None]
-    deadline = time.monotonic() + timeout
-    try:
-        while not ctx.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                for pid in pids:
-                    kill_tree(pid)
-                removed = _remove_locks_left_since(started)
-                note = f" Removed the build lock(s) the killed workers left: {removed}." if removed else ""
-                raise TimeoutError(
-                    f"distributed workers did not finish within {timeout} s (deadlock, or waiting for "
-                    f"an op build lock); killed with their process groups.{note} {describe_locks()}."
-                )
-    finally:
-        for pid in pids:  # leftovers of a failed run: a worker's compiler outlives torch's terminate()
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
+def _lock_note(started: float) -> str:
+    removed = _remove_locks_left_since(started)
+    note = f"Removed the build lock(s) the killed workers left: {removed}. " if removed else ""
+    return note + describe_locks() + "."
 
 
 def _remove_locks_left_since(started: float) -> list[str]:
@@ -315,18 +249,3 @@ def hung_build_worker(rank: int, world: int, out: Path) -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     (out / f"hung-rank{rank}.json").write_text(json.dumps({"worker": os.getpid(), "child": child.pid}))
     time.sleep(600)
-
-
-def is_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, killed but not yet reaped, does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-    return state not in ("Z", "X")

@@ -8,7 +8,9 @@ batch see the same states, the same actions and the same rewards, and their upda
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -210,6 +212,7 @@ def free_port() -> int:
 
 
 def _entry(rank: int, world: int, port: int, fn: Callable[[int, int, Path], None], out: str) -> None:
+    os.setpgid(0, 0)  # this worker and what it starts (a compiler, say) form one process group
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -231,33 +234,106 @@ def _entry(rank: int, world: int, port: int, fn: Callable[[int, int, Path], None
     os._exit(0)
 
 
-def launch(fn: Callable[[int, int, Path], None], out: Path, world: int = 2, timeout: float = 90.0) -> None:
+def launch(
+    fn: Callable[[int, int, Path], None],
+    out: Path,
+    world: int = 2,
+    timeout: float = 90.0,
+    *,
+    on_timeout: Callable[[float], str] | None = None,
+) -> None:
     """Run ``fn(rank, world, out)`` on ``world`` spawned processes; the trainer joins the group
-    from the torchrun-style environment variables set here. Kills them all after ``timeout``.
+    from the torchrun-style environment variables set here. Each worker leads its own process
+    group; after ``timeout`` every worker is killed with everything it started (a compiler, a
+    launcher's workers), and `TimeoutError` says so, with ``on_timeout(start time)``'s note.
 
     A worker killed by SIGABRT (gloo's teardown abort, see `_entry`) gets the whole launch rerun
     once; any other failure, or a second abort, fails the test.
     """
     try:
-        _launch_once(fn, out, world, timeout)
+        _launch_once(fn, out, world, timeout, on_timeout)
     except mp.ProcessExitedException as e:
         if e.signal_name != "SIGABRT":
             raise
         warnings.warn(f"distributed workers aborted ({e}); rerunning once", RuntimeWarning, stacklevel=2)
-        _launch_once(fn, out, world, timeout)
+        _launch_once(fn, out, world, timeout, on_timeout)
 
 
-def _launch_once(fn: Callable[[int, int, Path], None], out: Path, world: int, timeout: float) -> None:
-    ctx = mp.start_processes(
-        _entry, args=(world, free_port(), fn, str(out)), nprocs=world, join=False, start_method="spawn"
-    )
+def _launch_once(
+    fn: Callable[[int, int, Path], None],
+    out: Path,
+    world: int,
+    timeout: float,
+    on_timeout: Callable[[float], str] | None,
+) -> None:
+    started = time.time()
+    args = (world, free_port(), fn, str(out))
+    ctx = mp.start_processes(_entry, args=args, nprocs=world, join=False, start_method="spawn")
+    pids = [p.pid for p in ctx.processes if p.pid is not None]
     deadline = time.monotonic() + timeout
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.terminate()
-            raise TimeoutError(f"distributed workers did not finish within {timeout} s (deadlock?)")
+    try:
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                for pid in pids:
+                    kill_tree(pid)
+                note = "" if on_timeout is None else " " + on_timeout(started)
+                raise TimeoutError(
+                    f"distributed workers did not finish within {timeout} s (deadlock?); killed with "
+                    f"their process groups.{note}"
+                )
+    finally:
+        for pid in pids:  # leftovers of a failed run: a worker's compiler outlives torch's terminate()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc; empty where /proc is missing)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(d.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(pid: int, wait: float = 10.0) -> None:
+    """SIGKILL ``pid``, every process below it and their process groups (torchrun starts each
+    worker in a session of its own; a worker's compiler runs in the worker's group), never the
+    test process's own group; then wait up to ``wait`` s until they are gone (files closed)."""
+    own = os.getpgrp()
+    pids = [pid, *_descendants(pid)]
+    for p in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            group = os.getpgid(p)
+            if group != own:
+                os.killpg(group, signal.SIGKILL)
+            os.kill(p, signal.SIGKILL)
+    deadline = time.monotonic() + wait
+    while any(is_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def is_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, killed but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return state not in ("Z", "X")
 
 
 def tmpdir() -> Path:

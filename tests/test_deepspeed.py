@@ -566,7 +566,8 @@ def test_a_timed_out_launch_kills_the_workers_and_what_they_started(
     """A worker stuck in an op build (holding the lock, a compiler running): at the timeout the
     worker and its compiler are killed, the lock the killed build left is removed, and the error
     says so."""
-    from tests.deepspeed_toys import hung_build_worker, is_alive
+    from tests.deepspeed_toys import hung_build_worker
+    from tests.distributed_toys import is_alive
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
     with pytest.raises(TimeoutError, match="did not finish within 30") as err:
@@ -587,7 +588,7 @@ def test_a_timed_out_command_kills_workers_in_sessions_of_their_own(tmp_path: Pa
     torchrun. run_command kills the launcher and every process below it."""
     import sys
 
-    from tests.deepspeed_toys import is_alive
+    from tests.distributed_toys import is_alive
 
     pid_file = tmp_path / "worker.pid"
     launcher = (
