@@ -42,6 +42,7 @@ __all__ = [
     "DataParallelBackend",
     "LocalBackend",
     "OptimizerStepResult",
+    "apply_or_skip",
 ]
 
 
@@ -73,11 +74,16 @@ class Backend(Protocol):
             the backward (DeepSpeed, FSDP), so the loss normaliser must be known before.
         supports_rollback: an `grpo.rollback.UpdateSnapshot` of the parameters and optimizer
             state taken before an update restores it (False where the state is partitioned).
+        local_weights: every trainable weight and its gradient are whole tensors of this process
+            (``p``, ``p.grad``), so `grpo.guard` checks them directly (non-finite weights, an
+            optimizer's non-finite learning rate, log-probs that reach no parameter); False where
+            they are partitioned (DeepSpeed, FSDP).
     """
 
     world_size: int
     rescales_gradients: bool
     supports_rollback: bool
+    local_weights: bool
 
     def zero_grad(self) -> None:
         """Clear the gradients before an optimizer step's first backward."""
@@ -109,6 +115,32 @@ class Backend(Protocol):
         """Restore what `state_dict` returned."""
 
 
+class _Steps(Protocol):
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    max_grad_norm: float | None
+
+    def zero_grad(self) -> None: ...
+
+
+def apply_or_skip(
+    backend: _Steps, grads: Sequence[Tensor], norm: float, loss: float, dtype: torch.dtype
+) -> OptimizerStepResult:
+    """The end of an optimizer step once the global gradient ``norm`` and ``loss`` are known (read
+    on the host): clip ``grads`` (`grpo.optim.clip_to_norm`; ``dtype`` of the norm), step the
+    optimizer and the LR schedule when both are finite; otherwise clear the gradients and leave
+    the weights alone."""
+    applied = math.isfinite(norm) and math.isfinite(loss)
+    if applied:
+        clip_to_norm(grads, norm, backend.max_grad_norm, dtype)
+        backend.optimizer.step()
+        if backend.scheduler is not None:
+            backend.scheduler.step()
+    else:
+        backend.zero_grad()
+    return OptimizerStepResult(norm, loss, applied)
+
+
 class LocalBackend:
     """One process: ``loss.backward()``, clip, ``optimizer.step()`` over ``params``.
 
@@ -119,6 +151,7 @@ class LocalBackend:
     world_size = 1
     rescales_gradients = True
     supports_rollback = True
+    local_weights = True
 
     def __init__(
         self,
@@ -173,45 +206,11 @@ class LocalBackend:
             values = torch.stack([norm, loss]).tolist()
         else:
             values = [float(norm), float(loss)]
-        applied = all(math.isfinite(v) for v in values)
-        if applied:
-            clip_to_norm(grads, values[0], self.max_grad_norm, norm.dtype)
-            self.optimizer.step()
-            if self.scheduler is not None:
-                self.scheduler.step()
-        else:
-            self.zero_grad()
         self._loss = None
-        return OptimizerStepResult(values[0], values[1], applied)
+        return apply_or_skip(self, grads, values[0], values[1], norm.dtype)
 
     def reduce_metrics(self, metrics: Mapping[str, float], counts: StepCounts) -> dict[str, float]:
         return dict(metrics)
-
-    def weights_finite(self) -> bool:
-        """True when no weight the optimizer steps holds a NaN/inf (`grpo.guard.UpdateGuard.
-        check_weights`, once per update). Every process holds the same weights, so every process
-        decides the same without communicating.
-
-        Cost: one fused ``torch._foreach_norm`` (float32) over the weights, summed and read to the
-        host. A NaN/inf weight always makes that sum NaN/inf; a sum that is not finite is
-        confirmed tensor by tensor (``isfinite``), because huge finite weights (above ~1e19) can
-        overflow it too.
-        """
-        weights = [p for g in self.optimizer.param_groups for p in g["params"] if p.is_floating_point()]
-        if not weights:
-            return True
-        with torch.no_grad():
-            norms = torch._foreach_norm(weights, 2, dtype=torch.float32)
-            if norms[0].is_cpu:  # reading each norm is cheaper than stacking them (no device)
-                total = sum(map(float, norms))
-            else:
-                try:
-                    total = float(torch.stack(norms).sum())  # one read from the device
-                except RuntimeError:  # weights on several devices: one read per tensor
-                    total = sum(map(float, norms))
-            if math.isfinite(total):
-                return True
-            return all(bool(torch.isfinite(w).all()) for w in weights)
 
     def check_same_optimizer_steps(self, num_groups: int, mini_batch_size: int) -> None:
         return

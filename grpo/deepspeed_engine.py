@@ -266,19 +266,24 @@ def cpu_adam(params: Sequence[Tensor], lr: float, weight_decay: float) -> torch.
     return opt
 
 
-def training_module(policy: Any) -> nn.Module:
-    """The ``nn.Module`` that holds the policy's trainable parameters, handed to DeepSpeed.
+def training_module(
+    policy: Any,
+    *,
+    needs: str = "DeepSpeed trains an nn.Module",
+    way_out: str = "set GRPOConfig(deepspeed='off')",
+) -> nn.Module:
+    """The ``nn.Module`` that holds the policy's trainable parameters (handed to DeepSpeed or FSDP).
 
     ``policy.training_module()`` when the policy defines it (`grpo.llm.CausalLMPolicy` returns its
-    Hugging Face model), else the policy itself when it is an ``nn.Module``.
+    Hugging Face model), else the policy itself when it is an ``nn.Module``; otherwise a
+    `TypeError` saying who ``needs`` the module and the ``way_out``.
     """
     fn = getattr(type(policy), "training_module", None)
     module: object = fn(policy) if callable(fn) else policy
     if not isinstance(module, nn.Module):
         raise TypeError(
-            f"DeepSpeed trains an nn.Module, but {type(policy).__name__} is not one and has no "
-            f"training_module() method returning the nn.Module that holds its parameters. Add "
-            f"that method, or set GRPOConfig(deepspeed='off')."
+            f"{needs}, but {type(policy).__name__} is not one and has no training_module() method "
+            f"returning the nn.Module that holds its parameters. Add that method, or {way_out}."
         )
     return module
 
@@ -461,6 +466,7 @@ class DeepSpeedBackend:
     # ---- the Backend protocol (grpo.backends) ----------------------------------------------------
     rescales_gradients = False  # DeepSpeed reduces (and partitions) gradients in its backward
     supports_rollback = False  # the optimizer state is partitioned over the processes
+    local_weights = False  # partitioned: the guard's weight and gradient checks do not apply
 
     def global_sum(self, value: Tensor) -> Tensor:
         return value.detach().clone() if self.sync is None else self.sync.all_reduce_sum(value)

@@ -48,10 +48,11 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor, nn
 
-from grpo.backends import OptimizerStepResult
+from grpo.backends import OptimizerStepResult, apply_or_skip
+from grpo.deepspeed_engine import training_module
 from grpo.distributed import DistributedSync
 from grpo.metrics import StepCounts, reduce_across_ranks
-from grpo.optim import clip_to_norm, grad_norm
+from grpo.optim import grad_norm
 
 __all__ = [
     "FSDPBackend",
@@ -98,16 +99,12 @@ def is_fsdp_sharded(module: nn.Module) -> bool:
 
 def _policy_module(policy: Any) -> nn.Module:
     """`grpo.deepspeed_engine.training_module`, with FSDP's message for a policy without one."""
-    fn = getattr(type(policy), "training_module", None)
-    module: object = fn(policy) if callable(fn) else policy
-    if not isinstance(module, nn.Module):
-        raise TypeError(
-            f"FSDP shards the parameters of an nn.Module, but {type(policy).__name__} is not one and "
-            f"has no training_module() method returning the nn.Module that holds its parameters. "
-            f"Add that method, or train with distributed data parallelism instead "
-            f"(GRPOConfig(fsdp=False)): it works with any PolicyModel."
-        )
-    return module
+    return training_module(
+        policy,
+        needs="FSDP shards the parameters of an nn.Module",
+        way_out="train with distributed data parallelism instead (GRPOConfig(fsdp=False)): it works "
+        "with any PolicyModel",
+    )
 
 
 def _shares_parameters_outside(unit: nn.Module, counts: Mapping[int, int]) -> bool:
@@ -154,26 +151,23 @@ def default_units(module: nn.Module) -> list[nn.Module]:
 _T = TypeVar("_T")
 
 
-def run_as_forward(module: nn.Module, fn: Callable[[], _T]) -> _T:
-    """``fn()`` run as ``module``'s forward, so that FSDP2's hooks on ``module`` gather its shards
-    for the call (and again for the backward of what it returns) and free them afterwards.
+def run_as_forward(module: nn.Module, fn: Callable[..., _T], *args: Tensor) -> _T:
+    """``fn(*args)`` run as ``module``'s forward, so that the hooks FSDP2 or DeepSpeed ZeRO-3 put
+    on ``module`` gather its shards for the call (and again for the backward of what it returns)
+    and free them afterwards: one gather per call, however many chunks ``fn`` makes.
 
-    Needed when a computation uses weights of a unit without calling that unit, typically the
-    root of a Hugging Face model whose backbone and LM head are used directly (e.g.
+    Needed when a computation uses weights of a module without calling it, typically the root of
+    a Hugging Face model whose backbone and LM head are used directly (e.g.
     `grpo.llm.CausalLMPolicy`'s chunked log-probs: ``model.model(...)`` then
-    ``lm_head.weight``): ``run_as_forward(model, lambda: policy.evaluate_actions(...))``. The
-    units inside still gather their own shards when called. The tensors of the result that need
-    a gradient (in tuples, lists, dicts, dataclasses) carry the hook that re-gathers the weights
-    for the backward. A module that is not sharded simply runs ``fn()`` as its forward.
+    ``lm_head.weight``). Modules inside still gather their own shards when called. The tensors of
+    the result that need a gradient (in tuples, lists, dicts, dataclasses) carry the hook that
+    re-gathers the weights for the backward. A module that is not sharded simply runs ``fn`` as
+    its forward.
     """
     own = module.__dict__.get("forward")  # an instance-level forward (another library's hook)
-
-    def forward() -> _T:
-        return fn()
-
-    module.forward = forward
+    module.forward = fn
     try:
-        out: _T = module()
+        out: _T = module(*args)
     finally:
         if own is None:
             del module.forward
@@ -302,6 +296,7 @@ class FSDPBackend:
 
     rescales_gradients = False
     supports_rollback = True  # grpo.rollback copies each rank's local shards (bitwise, tested)
+    local_weights = False  # partitioned: the guard's weight and gradient checks do not apply
 
     def __init__(
         self,
@@ -379,29 +374,14 @@ class FSDPBackend:
         torch.distributed.all_reduce(both, op=torch.distributed.ReduceOp.SUM)
         sum_squares, total_loss = both.tolist()
         norm = math.sqrt(sum_squares) if math.isfinite(sum_squares) else sum_squares
-        applied = math.isfinite(norm) and math.isfinite(total_loss)
-        if applied:
-            dtype = grads[0].dtype if grads else torch.float32
-            clip_to_norm(grads, norm, self.max_grad_norm, dtype)
-            self.optimizer.step()
-            if self.scheduler is not None:
-                self.scheduler.step()
-        else:
-            self.zero_grad()
+        dtype = grads[0].dtype if grads else torch.float32
         self._loss = None
-        return OptimizerStepResult(norm, total_loss, applied)
+        return apply_or_skip(self, grads, norm, total_loss, dtype)
 
     # ---- across processes --------------------------------------------------------------------
     def reduce_metrics(self, metrics: Mapping[str, float], counts: StepCounts) -> dict[str, float]:
         """Each metric's global value (`grpo.metrics.reduce_across_ranks`, one all-gather)."""
-        gather = getattr(self.sync, "all_gather", None) or self.sync._all_gather
-        device = self.sync.device
-
-        def all_gather(t: Tensor) -> Tensor:
-            out: Tensor = gather(t.to(device))
-            return out
-
-        return reduce_across_ranks(metrics, counts, all_gather)
+        return reduce_across_ranks(metrics, counts, self.sync.all_gather)
 
     def check_same_optimizer_steps(self, num_groups: int, mini_batch_size: int) -> None:
         """Raise on every process unless all take the same number of optimizer steps."""

@@ -7,18 +7,18 @@ block restores them and propagates. Three checks refuse an update, each restorin
 (undoing the earlier optimizer steps of the update), counting the step in ``non_finite_steps``
 and warning (``non_finite="skip"``) or raising `FloatingPointError` (``"raise"``):
 
-* `UpdateGuard.optimizer_step`, before the update's first optimizer step (`LocalBackend` and
-  `DataParallelBackend`): a learning rate or weight decay of the optimizer that is NaN/inf (a
-  user's optimizer, or one changed by hand) refuses the step before it changes anything. Host
-  only: a few dict reads per parameter group. (Within an update only the trainer's LR schedule
-  changes them; a later step made non-finite is left to the weight check.)
+* `UpdateGuard.optimizer_step`, before the update's first optimizer step (backends with
+  ``local_weights``: local and data-parallel): a learning rate or weight decay of the optimizer
+  that is NaN/inf (a user's optimizer, or one changed by hand) refuses the step before it
+  changes anything. Host only: a few dict reads per parameter group. (Within an update only the
+  trainer's LR schedule changes them; a later step made non-finite is left to the weight check.)
 * `UpdateGuard.accept`, after each optimizer step: a step whose loss or gradient was not finite
   was not applied by the backend.
-* `UpdateGuard.check_weights`, after the update's last optimizer step (`LocalBackend` and
-  `DataParallelBackend`): a weight that is NaN/inf although the loss and the gradient were finite
-  (a huge learning rate, an optimizer that divides by zero). One fused reduction over the weights
-  and one host read per update (`LocalBackend.weights_finite`). Checking once per update suffices:
-  a non-finite weight stays non-finite through later optimizer steps, or makes their loss or
+* `UpdateGuard.check_weights`, after the update's last optimizer step (backends with
+  ``local_weights``): a weight that is NaN/inf although the loss and the gradient were finite (a
+  huge learning rate, an optimizer that divides by zero). One fused reduction over the weights
+  and one host read per update (`weights_finite`). Checking once per update suffices: a
+  non-finite weight stays non-finite through later optimizer steps, or makes their loss or
   gradient non-finite, which `accept` refuses.
 
 With a single optimizer step nothing has changed before `optimizer_step` and `accept` refuse
@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from grpo.backends import Backend, LocalBackend, OptimizerStepResult
+from grpo.backends import Backend, OptimizerStepResult
 from grpo.rollback import UpdateSnapshot
 
 __all__ = ["UpdateGuard"]
@@ -60,6 +60,33 @@ def _bad_hyperparameter(optimizer: torch.optim.Optimizer) -> str | None:
                 where = f" (param group {i})" if len(optimizer.param_groups) > 1 else ""
                 return f"{key}={value}{where}"
     return None
+
+
+def weights_finite(optimizer: torch.optim.Optimizer) -> bool:
+    """True when no weight the optimizer steps holds a NaN/inf (`grpo.guard.UpdateGuard.
+    check_weights`, once per update). Every process holds the same weights, so every process
+    decides the same without communicating.
+
+    Cost: one fused ``torch._foreach_norm`` (float32) over the weights, summed and read to the
+    host. A NaN/inf weight always makes that sum NaN/inf; a sum that is not finite is
+    confirmed tensor by tensor (``isfinite``), because huge finite weights (above ~1e19) can
+    overflow it too.
+    """
+    weights = [p for g in optimizer.param_groups for p in g["params"] if p.is_floating_point()]
+    if not weights:
+        return True
+    with torch.no_grad():
+        norms = torch._foreach_norm(weights, 2, dtype=torch.float32)
+        if norms[0].is_cpu:  # reading each norm is cheaper than stacking them (no device)
+            total = sum(map(float, norms))
+        else:
+            try:
+                total = float(torch.stack(norms).sum())  # one read from the device
+            except RuntimeError:  # weights on several devices: one read per tensor
+                total = sum(map(float, norms))
+        if math.isfinite(total):
+            return True
+        return all(bool(torch.isfinite(w).all()) for w in weights)
 
 
 def _non_finite_weights(optimizer: torch.optim.Optimizer, policy: Any) -> str:
@@ -133,13 +160,13 @@ class UpdateGuard:
             self._refused = None
 
     def optimizer_step(self) -> OptimizerStepResult:
-        """The backend's optimizer step, or, at the update's first one (`LocalBackend`,
-        `DataParallelBackend`), a refused one (not applied, gradients cleared) when the
+        """The backend's optimizer step, or, at the update's first one (a backend with
+        ``local_weights``), a refused one (not applied, gradients cleared) when the
         optimizer's learning rate or weight decay is not finite: `accept` then says which."""
         backend, optimizer = self._backend, self._optimizer
         assert backend is not None, "optimizer_step() outside protect()"
         assert optimizer is not None
-        if self._check_hyperparameters and isinstance(backend, LocalBackend):
+        if self._check_hyperparameters and backend.local_weights:
             self._check_hyperparameters = False
             self._refused = _bad_hyperparameter(optimizer)
             if self._refused is not None:
@@ -159,9 +186,10 @@ class UpdateGuard:
         backend, optimizer = self._backend, self._optimizer
         if (
             self._refused is None
-            and isinstance(backend, LocalBackend)
+            and backend is not None
+            and backend.local_weights
             and optimizer is not None
-            and not backend.weights_finite()
+            and not weights_finite(optimizer)
         ):
             broken = f" (the weights hold NaN/inf: {_non_finite_weights(optimizer, self._policy)})"
         if self._active is not None:
@@ -188,11 +216,11 @@ class UpdateGuard:
 
     def check_weights(self) -> None:
         """After the update's last optimizer step (all applied): undo the update if a weight is
-        NaN/inf (`LocalBackend`, `DataParallelBackend`; one fused reduction and one host read)."""
+        NaN/inf (a backend with ``local_weights``; one fused reduction and one host read)."""
         backend, optimizer = self._backend, self._optimizer
         assert backend is not None, "check_weights() outside protect()"
         assert optimizer is not None
-        if not isinstance(backend, LocalBackend) or backend.weights_finite():
+        if not backend.local_weights or weights_finite(optimizer):
             return
         which = _non_finite_weights(optimizer, self._policy)
         lrs = sorted({g.get("lr") for g in optimizer.param_groups}, key=str)

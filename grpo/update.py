@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from grpo.backends import Backend, LocalBackend, OptimizerStepResult
+from grpo.backends import Backend, OptimizerStepResult
 from grpo.experience_collector import ExperienceBatch, LogProbs, evaluate_log_probs, select_rows
 from grpo.grpo_objective import GRPOObjective, ObjectiveOutput, update_metrics
 from grpo.guard import UpdateGuard
@@ -218,10 +218,10 @@ def _check_gradients_reached(parts: UpdateParts, loss: Tensor) -> None:
     """After the update's first backward: raise if the loss has a graph but none of the
     policy's trainable tensors received a gradient (log-probs that require grad without depending
     on the parameters, e.g. ``torch.full(..., requires_grad=True)``): the optimizer step would
-    train nothing while its state and the LR schedule advance. `LocalBackend` and
-    `DataParallelBackend` only (their gradients are the tensors' ``.grad``, cleared to None before
+    train nothing while its state and the LR schedule advance. Backends with ``local_weights``
+    only (their gradients are the tensors' ``.grad``, cleared to None before
     the step); usually one attribute read (the first tensor has a gradient)."""
-    if not loss.requires_grad or not isinstance(parts.backend, LocalBackend):
+    if not loss.requires_grad or not parts.backend.local_weights:
         return
     for p in parts.params:
         if p.grad is not None:

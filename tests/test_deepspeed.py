@@ -212,19 +212,19 @@ def test_a_policy_partitioned_by_an_earlier_trainer_cannot_be_copied_for_the_ref
 def test_the_head_run_as_forward_leaves_the_modules_own_forward_in_place() -> None:
     """The ZeRO-3 head call replaces the module's forward for one call only, restoring an
     instance-level forward another library installed (accelerate's hooks do that)."""
-    from grpo.llm.policy import _run_as_forward
+    from grpo.fsdp_backend import run_as_forward
 
     def double(h: torch.Tensor) -> tuple[torch.Tensor, None]:
         return h * 2, None
 
     plain = torch.nn.Linear(2, 2)
-    out, _ = _run_as_forward(plain, double, torch.ones(1, 2))
+    out, _ = run_as_forward(plain, double, torch.ones(1, 2))
     assert out.tolist() == [[2.0, 2.0]]
     assert "forward" not in plain.__dict__
     hooked = torch.nn.Linear(2, 2)
     own = hooked.forward
     hooked.forward = own  # an instance attribute, as accelerate's add_hook_to_module sets
-    _run_as_forward(hooked, double, torch.ones(1, 2))
+    run_as_forward(hooked, double, torch.ones(1, 2))
     assert hooked.__dict__["forward"] is own
 
 

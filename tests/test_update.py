@@ -76,6 +76,7 @@ def test_micro_batching_does_not_change_the_update_with_dropped_groups(
     for micro in (None, 1, 2, 3):
         torch.manual_seed(0)
         policy = categorical_mlp(3, 2, hidden=(8,))
+        init = torch.cat([p.detach().flatten() for p in policy.parameters()])
         cfg = GRPOConfig(
             group_size=3, batch_size=6, micro_batch_size=micro, kl_coeff=kl,
             drop_zero_variance_groups=True, loss_aggregation=agg, loss_normaliser=5.0,
@@ -86,6 +87,7 @@ def test_micro_batching_does_not_change_the_update_with_dropped_groups(
         for _ in range(3):
             trainer.step(torch.randn(6, 3, generator=gen))
         results.append(torch.cat([p.detach().flatten() for p in trainer.params]))
+    assert float((results[0] - init).abs().max()) > 1e-3  # the updates were not empty
     for r in results[1:]:
         torch.testing.assert_close(r, results[0], atol=1e-6, rtol=1e-5)
 
@@ -109,12 +111,14 @@ def bandit_trainer(**kw: Any) -> GRPOTrainer:
 )
 def test_train_on_batch_of_steps_own_collection_is_bitwise_step(kw: dict[str, Any]) -> None:
     a, b = bandit_trainer(**kw), bandit_trainer(**kw)
+    init = [p.detach().clone() for p in a.params]
     states = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
     torch.manual_seed(5)
     ma = a.step(states)
     torch.manual_seed(5)
     batch = b.collector.collect_for_update(states, {}, record_old=b._record_old)
     mb = b.train_on_batch(batch)
+    assert any(not torch.equal(p, q) for p, q in zip(a.params, init, strict=True))  # it trained
     for p, q in zip(a.params, b.params, strict=True):
         assert torch.equal(p, q)
     assert {k: v for k, v in ma.items() if not k.startswith("time/")} == {

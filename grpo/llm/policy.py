@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -444,7 +444,7 @@ class CausalLMPolicy:
                     )
 
                 if is_partitioned(head):
-                    logp, entropy = _run_as_forward(head, score, hidden)
+                    logp, entropy = run_as_forward(head, score, hidden)
                 else:
                     logp, entropy = score(hidden)
                 if entropy is not None and with_entropy == "no_grad":
@@ -557,22 +557,3 @@ class DisabledAdapterReference:
 
     def to(self, device: Any) -> DisabledAdapterReference:
         return self
-
-
-def _run_as_forward(
-    module: nn.Module, fn: Callable[[Tensor], tuple[Tensor, Tensor | None]], x: Tensor
-) -> tuple[Tensor, Tensor | None]:
-    """``fn(x)`` run as ``module``'s forward, so that the hooks DeepSpeed ZeRO-3 puts on the
-    module gather its partitioned weight for the call (and again for its backward) and release it
-    afterwards: one gather per call, however many chunks ``fn`` makes."""
-
-    own = module.__dict__.get("forward")  # an instance-level forward (another library's hook)
-    module.forward = fn
-    try:
-        out: tuple[Tensor, Tensor | None] = module(x)
-    finally:
-        if own is None:
-            del module.forward
-        else:
-            module.forward = own
-    return out
