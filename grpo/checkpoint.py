@@ -833,16 +833,31 @@ def _clean_temps(root: Path) -> None:
 
 
 def save_checkpoint(
-    state: Mapping[str, Any],
-    config: Mapping[str, Any],
-    root: str | os.PathLike[str],
+    state: Mapping[str, Any] | Any,
+    config: Mapping[str, Any] | str | os.PathLike[str],
+    root: str | os.PathLike[str] | None = None,
     *,
     keep_last: int | None = None,
 ) -> Path:
     """Write a trainer's ``state`` (`grpo.trainer_state`) and ``config`` (``GRPOConfig.to_dict()``)
     to ``<root>/step-<step_count>/`` atomically with the process-global RNG streams, update
     ``latest``, keep the last K. Returns the path of the new checkpoint. ``keep_last=None`` keeps
-    every checkpoint."""
+    every checkpoint.
+
+    The earlier form ``save_checkpoint(trainer, root)`` still works (deprecated: it calls
+    ``trainer.save_checkpoint(root)``)."""
+    if not isinstance(state, Mapping):
+        warnings.warn(
+            "grpo.checkpoint.save_checkpoint(trainer, root) is deprecated; call "
+            "trainer.save_checkpoint(root), or save_checkpoint(trainer.state_dict(), "
+            "trainer.config.to_dict(), root).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        saved: Path = state.save_checkpoint(config, keep_last=keep_last)
+        return saved
+    if root is None or not isinstance(config, Mapping):
+        raise TypeError("save_checkpoint(state, config, root): give the trainer's config dict and a root.")
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     _clean_temps(root)

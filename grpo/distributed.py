@@ -51,13 +51,16 @@ from __future__ import annotations
 import logging
 import os
 import random
+import warnings
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from grpo.metrics import StepCounts, reduce_across_ranks
 
 __all__ = [
     "DISTRIBUTED_MODES",
@@ -413,6 +416,19 @@ class DistributedSync:
                 f"but {why}. Pass the same number of states on every rank, e.g. with "
                 f"grpo.distributed.shard(states) on a global batch divisible by the world size."
             )
+
+    def reduce_metrics(
+        self, metrics: Mapping[str, float], *, samples: int, groups: int, valid_steps: float
+    ) -> dict[str, float]:
+        """Deprecated: `grpo.metrics.reduce_across_ranks` (each metric by its declared reduction)."""
+        warnings.warn(
+            "DistributedSync.reduce_metrics is deprecated; use grpo.metrics.reduce_across_ranks("
+            "metrics, StepCounts(samples, groups, valid_steps), sync.all_gather).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        counts = StepCounts(float(samples), float(groups), float(valid_steps))
+        return reduce_across_ranks(metrics, counts, self.all_gather)
 
     def all_gather(self, t: Tensor) -> Tensor:
         """Every rank's ``t`` stacked: ``(world_size, *t.shape)`` (on ``t``'s device: move it to

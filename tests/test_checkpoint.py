@@ -313,3 +313,16 @@ def test_running_advantage_statistics_are_saved(tmp_path: Path) -> None:
     restored = t2.advantage_estimator.state_dict()
     assert restored.keys() == saved.keys()
     assert all(torch.equal(restored[k], saved[k]) for k in saved)
+
+
+def test_the_earlier_save_checkpoint_trainer_root_form_still_works_with_a_deprecation(tmp_path: Path) -> None:
+    from grpo import checkpoint
+
+    t = make_trainer()
+    train_step(t)
+    with pytest.warns(DeprecationWarning, match=r"call trainer.save_checkpoint\(root\)"):
+        path = checkpoint.save_checkpoint(t, tmp_path)
+    assert path.name == "step-00000001"
+    t2 = GRPOTrainer(make_config(), make_policy(seed=5), bandit_reward)
+    t2.load_checkpoint(tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(t.params, t2.params, strict=True))
