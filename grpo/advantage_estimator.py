@@ -36,7 +36,9 @@ from grpo.advantages import (
     AdvantageScale,
     RewardCombination,
     RunningMeanStd,
+    discounted_returns,
     normalise_scores,
+    normalise_step_scores,
     whiten,
 )
 from grpo.kl import kl_return_to_go
@@ -167,6 +169,10 @@ class AdvantageEstimator:
     6. ``keep``: with ``drop_zero_variance_groups``, rows of groups whose rewards are all equal
        are dropped from the loss (DAPO's dynamic-sampling filter, without resampling).
 
+    With per-step rewards ``(N, T)`` (``step_rewards``), step 2's score of step t is its
+    discounted return-to-go (``gamma``) and step 3 normalises across the group at each t
+    (`grpo.advantages.normalise_step_scores`).
+
     State: one `RunningMeanStd` per score stream ("reward", each component, "kl_penalty") when a
     source is "running"; ``state_dict()`` / ``load_state_dict()`` for checkpoints.
     """
@@ -183,7 +189,9 @@ class AdvantageEstimator:
         drop_zero_variance_groups: bool = False,
         reward_combination: RewardCombination = "sum",
         advantage_fn: AdvantageFn | None = None,
+        gamma: float = 1.0,
     ) -> None:
+        self.gamma = gamma
         self.baseline: AdvantageBaseline = baseline
         self.scale: AdvantageScale = scale
         self.eps = eps
@@ -207,6 +215,7 @@ class AdvantageEstimator:
             drop_zero_variance_groups=config.drop_zero_variance_groups,
             reward_combination=config.reward_combination,
             advantage_fn=advantage_fn,
+            gamma=config.gamma,
         )
 
     @property
@@ -249,11 +258,17 @@ class AdvantageEstimator:
         mask: Tensor | None = None,
         kl_penalty: Tensor | None = None,
         group_size: int | None = None,
+        step_rewards: Tensor | None = None,
     ) -> AdvantageResult:
         """Advantages of one batch. Shapes: rewards (N,), group_ids (N,), components name ->
         (N,), mask / kl_penalty (N, T) (the penalty already multiplied by beta, no grad).
         ``group_size=G`` declares the collector's uniform group-major layout (a faster path for
-        the same numbers); None = groups given by ``group_ids`` alone."""
+        the same numbers); None = groups given by ``group_ids`` alone.
+
+        ``step_rewards`` (N, T) with ``mask``: per-step credit. The score of step t is its
+        return-to-go ``x_it = sum_{t' >= t} gamma^(t'-t) r_it'`` over valid steps (minus the KL
+        penalty's return-to-go), normalised across the group at the same t
+        (`grpo.advantages.normalise_step_scores`); ``rewards`` then only feed the statistics."""
         ids = group_ids.long()
         penalty_rtg = None
         if kl_penalty is not None:
@@ -261,16 +276,10 @@ class AdvantageEstimator:
             penalty_rtg = kl_return_to_go(kl_penalty.detach().to(torch.float64), m)
 
         total = self._clip_reward(rewards)
-        if self.reward_combination == "per_component" and components:
-            adv: Tensor | None = None
-            for name, comp in components.items():
-                w = 1.0 if weights is None else float(weights.get(name, 1.0))
-                a = w * self._normalise(name, self._clip_reward(comp), ids, num_groups, group_size)
-                adv = a if adv is None else adv + a
-            assert adv is not None
-            if penalty_rtg is not None:
-                a = self._normalise("kl_penalty", -penalty_rtg, ids, num_groups, group_size)
-                adv = (adv[:, None] if adv.dim() == 1 else adv) + a
+        if step_rewards is not None:
+            adv = self._step_advantages(step_rewards, mask, ids, num_groups, penalty_rtg)
+        elif self.reward_combination == "per_component" and components:
+            adv = self._component_advantages(components, weights, ids, num_groups, group_size, penalty_rtg)
         else:
             scores = total if penalty_rtg is None else total[:, None] - penalty_rtg
             adv = self._normalise("reward", scores, ids, num_groups, group_size)
@@ -290,6 +299,54 @@ class AdvantageEstimator:
             stats["advantage/frac_dropped_groups"] = zero_std.float().mean()
         out_dtype = rewards.dtype if rewards.dtype.is_floating_point else torch.float32
         return AdvantageResult(adv.to(out_dtype), keep, stats)
+
+    def _component_advantages(
+        self,
+        components: Mapping[str, Tensor],
+        weights: Mapping[str, float] | None,
+        ids: Tensor,
+        num_groups: int,
+        group_size: int | None,
+        penalty_rtg: Tensor | None,
+    ) -> Tensor:
+        """``sum_k w_k normalise(r_k)`` (- normalise(P) for a KL penalty): (N,) or (N, T)."""
+        adv: Tensor | None = None
+        for name, comp in components.items():
+            w = 1.0 if weights is None else float(weights.get(name, 1.0))
+            a = w * self._normalise(name, self._clip_reward(comp), ids, num_groups, group_size)
+            adv = a if adv is None else adv + a
+        assert adv is not None
+        if penalty_rtg is not None:
+            a = self._normalise("kl_penalty", -penalty_rtg, ids, num_groups, group_size)
+            adv = (adv[:, None] if adv.dim() == 1 else adv) + a
+        return adv
+
+    def _step_advantages(
+        self,
+        step_rewards: Tensor,
+        mask: Tensor | None,
+        ids: Tensor,
+        num_groups: int,
+        penalty_rtg: Tensor | None,
+    ) -> Tensor:
+        """(N, T) advantages of per-step rewards: returns-to-go normalised at each step."""
+        if mask is None or mask.shape != step_rewards.shape:
+            got = None if mask is None else tuple(mask.shape)
+            raise ValueError(
+                f"per-step rewards {tuple(step_rewards.shape)} need the policy's step mask of the "
+                f"same shape (got {got}): the policy's log-probs must have one entry per rewarded step."
+            )
+        if self.advantage_fn is not None or self.reward_combination == "per_component":
+            raise ValueError(
+                "per-step rewards (N, T) cannot be combined with advantage_fn or "
+                "reward_combination='per_component'; return one reward per sample (N,) for those."
+            )
+        scores = discounted_returns(self._clip_reward(step_rewards), mask, self.gamma)
+        if penalty_rtg is not None:
+            scores = scores - penalty_rtg
+        return normalise_step_scores(
+            scores, mask, ids, num_groups, baseline=self.baseline, scale=self.scale, eps=self.eps
+        )
 
     def state_dict(self) -> dict[str, Tensor]:
         """Running statistics as flat ``{"<stream>.<count|mean|m2>": float64 scalar}``."""

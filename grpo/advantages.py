@@ -46,6 +46,7 @@ __all__ = [
     "affine_terms",
     "discounted_returns",
     "normalise_scores",
+    "normalise_step_scores",
     "per_step_group_advantages",
     "whiten",
 ]
@@ -333,3 +334,46 @@ def per_step_group_advantages(
     degenerate = (count < 2) | (hi == lo)
     adv = dev / (std[ids] + eps) if scale else dev
     return adv.masked_fill(degenerate[ids] | ~mask, 0.0)
+
+
+STEP_BASELINES: tuple[str, ...] = ("group", "none")
+STEP_SCALES: tuple[str, ...] = ("group", "batch", "none")
+
+
+def normalise_step_scores(
+    scores: Tensor,
+    mask: Tensor,
+    group_ids: Tensor,
+    num_groups: int,
+    *,
+    baseline: AdvantageBaseline = "group",
+    scale: AdvantageScale = "group",
+    eps: float = 1e-6,
+) -> Tensor:
+    """Advantages of per-step scores (returns-to-go) ``x_it``: ``A_it = (x_it - b_it) / d_it``.
+
+    ``baseline``: "group" = the mean of x at step t over the members of the group that reach t
+    (a time-dependent group baseline), "none" = 0. ``scale``: "group" = their std at step t
+    (`per_step_group_advantages`), "batch" = the std of ``x - b`` over all valid steps of the
+    batch, "none" = 1. Shapes: scores (N, T), mask (N, T) bool, group_ids (N,) -> (N, T) float64,
+    0 on invalid steps. Raises ValueError for other sources (they describe one score per sample).
+    """
+    if baseline not in STEP_BASELINES or scale not in STEP_SCALES:
+        raise ValueError(
+            f"per-step rewards support advantage_baseline in {STEP_BASELINES} and advantage_scale in "
+            f"{STEP_SCALES}; got advantage_baseline={baseline!r}, advantage_scale={scale!r}. Return one "
+            f"reward per sample (N,) to use the others."
+        )
+    x = scores.detach().to(torch.float64)
+    if baseline == "group" and scale == "group":
+        return per_step_group_advantages(x, mask, group_ids, num_groups, scale=True, eps=eps)
+    if baseline == "group":
+        dev = per_step_group_advantages(x, mask, group_ids, num_groups, scale=False)
+    else:
+        dev = x * mask
+    if scale == "batch":
+        n = mask.sum().to(torch.float64)
+        mean = dev.sum() / n.clamp(min=1.0)
+        std = torch.sqrt(((dev - mean) * mask).pow(2).sum() / (n - 1.0).clamp(min=1.0))
+        dev = dev / (std + eps)
+    return dev.masked_fill(~mask, 0.0)

@@ -216,6 +216,14 @@ class GRPOConfig:
         ),
     )
     advantage_eps: float = field(default=1e-6, metadata=_help("eps in A = (r - mean) / (std + eps) (> 0)."))
+    gamma: float = field(
+        default=1.0,
+        metadata=_help(
+            "Discount of per-step rewards (a reward model returning (N, T)): each step is credited "
+            "with its return-to-go G_t = r_t + gamma * G_{t+1}, compared across its group at the "
+            "same t. In [0, 1]; unused when the reward is one number per sample."
+        ),
+    )
     loss_aggregation: Aggregation = field(
         default="token-mean",
         metadata=_help(
@@ -534,6 +542,9 @@ class GRPOConfig:
         check_float("kl_coeff", 0.0, True, finite=True)
         check_float("entropy_coeff", 0.0, True, finite=True)
         check_float("advantage_eps", 0.0, False, finite=True)
+        g = self.gamma
+        if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0.0 <= g <= 1.0:
+            raise bad("gamma", "expected a number in [0, 1] (1 = undiscounted)", " Valid: e.g. gamma=0.99")
         check_float("log_ratio_clamp", 0.0, False)
         if self.max_grad_norm is not None:
             check_float("max_grad_norm", 0.0, False)

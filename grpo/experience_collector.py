@@ -62,7 +62,10 @@ class ExperienceBatch:
         actions: N flat actions (list, or Tensor (N, ...)).
         group_ids: (N,) int64, the group (state index) each sample belongs to.
         group_size: G when every group has G samples in the group-major layout, else None.
-        rewards: (N,) float32 total reward of each sample.
+        rewards: (N,) float32 total reward of each sample (with per-step rewards: their sum over
+            the sample's valid steps).
+        step_rewards: (N, T) float32 per-step rewards, when the reward model returns one reward
+            per step (credited by returns-to-go, `GRPOConfig.gamma`); 0 on invalid steps.
         reward_components: name -> (N,) float32, when the reward model exposes components.
         old_log_probs: (N, T) behaviour log-probs, recorded at collection (None when the update
             needs none: a single epoch with a single optimizer step is exactly on-policy).
@@ -95,6 +98,7 @@ class ExperienceBatch:
     loss_rows: Tensor | None = None
     timings: dict[str, float] = field(default_factory=dict)
     dropped_groups: int = 0
+    step_rewards: Tensor | None = None
 
     @property
     def num_samples(self) -> int:
@@ -345,12 +349,19 @@ def evaluate_log_probs(
 
 
 def to_reward_tensor(
-    values: Any, n: int, where: str, device: torch.device, *, allow_invalid: bool = False
+    values: Any,
+    n: int,
+    where: str,
+    device: torch.device,
+    *,
+    allow_invalid: bool = False,
+    per_step: bool = False,
 ) -> Tensor:
     """Turn what a reward returned into a finite float32 (n,) tensor, or raise naming the problem.
 
     ``allow_invalid=True`` (``invalid_rewards="drop_groups"``): None, NaN and inf become NaN in
-    the result instead of raising; the caller drops their groups.
+    the result instead of raising; the caller drops their groups. ``per_step=True``: an (n, T)
+    array of per-step rewards (T > 1) is accepted too and returned as (n, T).
     """
     if isinstance(values, Tensor):
         t = values.detach()
@@ -382,10 +393,11 @@ def to_reward_tensor(
         t = torch.from_numpy(np.ascontiguousarray(arr))
     if t.dim() == 2 and t.shape[-1] == 1:
         t = t.squeeze(-1)
-    if t.shape != (n,):
+    if t.shape != (n,) and not (per_step and t.dim() == 2 and t.shape[0] == n and t.shape[1] > 0):
+        per = f" or ({n}, T): one reward per step of each action" if per_step else ""
         raise ValueError(
             f"{where} returned rewards of shape {tuple(t.shape)}; expected ({n},): one reward per "
-            f"(state, action) pair, in the flat group-major order it was given."
+            f"(state, action) pair, in the flat group-major order it was given{per}."
         )
     if t.is_complex():
         raise TypeError(f"{where} returned complex rewards ({t.dtype}); expected real numbers.")
@@ -403,6 +415,20 @@ def to_reward_tensor(
             f"GRPOConfig(invalid_rewards='drop_groups') to leave such groups out of the step."
         )
     return t
+
+
+def _checked_step_rewards(step: Tensor, mask: Tensor | None, reward_model: Any) -> Tensor:
+    """Per-step rewards (N, T) zeroed on invalid steps, or an error when their T is not the
+    policy's: step t's reward must belong to the log-prob of step t."""
+    if mask is None or mask.shape != step.shape:
+        got = "one log-prob per action" if mask is None else f"log-probs of shape {tuple(mask.shape)}"
+        raise ValueError(
+            f"{_where(reward_model, 'compute_rewards')} returned per-step rewards of shape "
+            f"{tuple(step.shape)}, but the policy gives {got}. Per-step rewards need per-step "
+            f"log-probs of the same (N, T) (PolicyOutput(log_probs, mask)); return one reward "
+            f"per action, shape ({step.shape[0]},), otherwise."
+        )
+    return step.masked_fill(~mask, 0.0)
 
 
 def _states_type_error(states: Any) -> str:
@@ -594,6 +620,7 @@ class ExperienceCollector:
             where,
             self.device,
             allow_invalid=allow,
+            per_step=True,
         ), {}
 
     def _drop_invalid_groups(
@@ -739,12 +766,17 @@ class ExperienceCollector:
             t1 = time.perf_counter()
             n = int(group_ids.shape[0])
             rewards, comps = self._rewards(flat_states, actions, n)
+            step = rewards if rewards.dim() == 2 else None  # per-step rewards (N, T)
+            if step is not None:
+                rewards = step.sum(-1)  # NaN stays NaN (drop_groups)
             kept: Tensor | None = None
             if self.invalid_rewards == "drop_groups":
                 states, flat_states, actions, rewards, comps, kept = self._drop_invalid_groups(
                     states, flat_states, actions, rewards, comps
                 )
                 group_ids = uniform_group_ids(len(states), self.group_size, self.device)
+                if step is not None and kept is not None:
+                    step = step.index_select(0, kept)
             t2 = time.perf_counter()
             batch = ExperienceBatch(
                 states=states,
@@ -756,7 +788,11 @@ class ExperienceCollector:
                 reward_components=comps,
                 dropped_groups=num_states - len(states),
             )
-            self._record_log_probs(batch, behaviour, n, kept, record)
+            # per-step credit needs the step mask before the update: record the log-probs now
+            self._record_log_probs(batch, behaviour, n, kept, record or step is not None)
+            if step is not None:
+                batch.step_rewards = _checked_step_rewards(step, batch.mask, self.reward_model)
+                batch.rewards = batch.step_rewards.sum(-1)
             timings = {"generate": t1 - t0, "score": t2 - t1, "logprobs": time.perf_counter() - t2}
         batch.timings = timings
         return batch

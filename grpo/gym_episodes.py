@@ -64,6 +64,7 @@ __all__ = [
     "Episode",
     "EpisodePolicy",
     "EpisodeReturn",
+    "EpisodeRewards",
     "discounted_returns",
     "evaluate_episodes",
     "run_episodes",
@@ -184,6 +185,33 @@ class EpisodeReturn:
         return self
 
     def to(self, device: Any) -> EpisodeReturn:
+        return self
+
+
+class EpisodeRewards:
+    """`RewardModel`: the per-step rewards of each `Episode`, for per-step credit.
+
+    ``compute_rewards(states, episodes) -> (N, T)``: ``r_it`` on real steps, 0 after the end. The
+    trainer then credits step t with its return-to-go ``G_it = sum_{t' >= t} gamma^(t'-t) r_it'``
+    (``GRPOConfig.gamma``) compared with the other episodes of the group at the same t::
+
+        A_it = (G_it - mean_{j alive at t} G_jt) / (std_{j alive at t} G_jt + eps)
+
+    instead of giving every step the episode's advantage (`EpisodeReturn`). ``reward/mean`` is
+    still the mean undiscounted episode return.
+    """
+
+    def compute_rewards(self, states: Any, actions: Sequence[Episode]) -> Tensor:
+        _, _, rew, mask = _stack(actions, "EpisodeRewards.compute_rewards")
+        return rew * mask
+
+    def train(self) -> EpisodeRewards:
+        return self
+
+    def eval(self) -> EpisodeRewards:
+        return self
+
+    def to(self, device: Any) -> EpisodeRewards:
         return self
 
 

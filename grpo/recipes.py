@@ -96,6 +96,21 @@ RECIPES: dict[str, Recipe] = {
         "The paper tunes only eps_high of the IS clip and does not publish it; 0.28 is a "
         "placeholder to override.",
     ),
+    "small_policy": Recipe(
+        "grpo's own preset for small policies (bandits, classic control): measured in "
+        "benchmarks/RESULTS.md, section 'Small policies'",
+        {
+            "learning_rate": 3e-3,  # a small network, not a language model (3e-4 / 1e-6)
+            "num_epochs_per_update": 4,  # reuse each rollout (PPO-style epochs)
+            "mini_batch_size": 1,  # one optimizer step per group
+            "kl_coeff": 0.0,
+            "clip_epsilon": 0.2,
+            "loss_aggregation": "token-mean",  # each env step weighs the same
+            "gamma": 0.99,  # per-step rewards: returns-to-go
+        },
+        "Not from a paper: chosen so that every bandit and classic-control task of "
+        "benchmarks/learning.py learns without tuning; batch_size and group_size stay yours.",
+    ),
 }
 
 

@@ -299,7 +299,7 @@ class GRPOTrainer(TrainerStateMixin):
             weights=getattr(self.reward_model, "reward_weights", None),
             mask=batch.mask,
             kl_penalty=self._kl_reward_penalty(batch),
-            group_size=batch.group_size,
+            group_size=batch.group_size, step_rewards=batch.step_rewards,
         )
         dropped = batch.dropped_groups if self.config.invalid_rewards == "drop_groups" else None
         return with_statistics(
