@@ -50,6 +50,7 @@ from grpo.reward_model_base import (
     RewardModel,
     check_reward_model,
 )
+from grpo.stall_watch import StallWarning, StallWatch
 from grpo.trainer import GRPOTrainer
 from grpo.training_loop import TrainState
 
@@ -88,6 +89,8 @@ __all__ = [
     "RewardModel",
     "RewardTimeoutError",
     "RunningMeanStd",
+    "StallWarning",
+    "StallWatch",
     "SupportsEvaluateActions",
     "TensorBoardSink",
     "TrainState",

@@ -182,6 +182,16 @@ METRICS: tuple[Metric, ...] = (
         "Steps whose update was undone because the loss or the gradient was NaN/inf (cumulative)."
         + _UPDATE_NOTE,
     ),
+    _m(
+        "optim/update_ratio",
+        "global",
+        "step",
+        "Size of the step's whole update next to the weights: ‖θ_after − θ_before‖ / ‖θ_before‖, L2 "
+        "norms over every trained weight as one vector (computed in `grpo.guard`). NaN = not "
+        "measured: a single optimizer step of a policy above 2**22 weight elements, or DeepSpeed "
+        "(no copy of the weights before the update is kept); 0 when the guard undid the update. "
+        "Below ~1e-7 for several steps the policy has stopped changing (`grpo.stall_watch`)." + _UPDATE_NOTE,
+    ),
     _m("time/generate", "slowest", "step", "Seconds in `policy.generate_actions`."),
     _m("time/score", "slowest", "step", "Seconds in the reward model."),
     _m(

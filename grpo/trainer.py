@@ -47,6 +47,7 @@ from grpo.metrics import StepCounts
 from grpo.policy_base import EntropyRequest, PolicyModel, has_method
 from grpo.policy_losses import PolicyLossFn
 from grpo.reward_model_base import RewardModel
+from grpo.stall_watch import StallWatch
 from grpo.trainer_state import TrainerStateMixin
 from grpo.update import UpdateParts, run_update
 from grpo.update_plan import UpdatePlan
@@ -129,8 +130,8 @@ class GRPOTrainer(TrainerStateMixin):
         self.guard: UpdateGuard = UpdateGuard(config.non_finite)
         self._update = self._update_parts()
         self.step_count = 0
-        self._warned_nothing_to_train = False
-        self._warned_batch_size = False
+        self._warned_nothing_to_train = self._warned_batch_size = False
+        self.stall_watch = StallWatch.from_config(config, self.optimizer)  # grpo/stall_watch.py
         self._checkpoint_components: dict[str, Any] = {}
 
     def _update_parts(self) -> UpdateParts | None:
@@ -237,10 +238,10 @@ class GRPOTrainer(TrainerStateMixin):
         metrics["time/update"] = t2 - t1
         metrics["time/step"] = time.perf_counter() - t0
         metrics["step"] = float(self.step_count)
-        if self.backend is None:
-            return metrics
-        counts = StepCounts(float(batch.num_samples), float(batch.num_groups), valid_steps)
-        return self.backend.reduce_metrics(metrics, counts)
+        if self.backend is not None:
+            counts = StepCounts(float(batch.num_samples), float(batch.num_groups), valid_steps)
+            metrics = self.backend.reduce_metrics(metrics, counts)
+        return self.stall_watch.observe(metrics)  # warns (StallWarning) when learning has stalled
 
     def _run_update(self, batch: ExperienceBatch, adv: Advantages) -> tuple[dict[str, float], float]:
         if self._update is None:
@@ -292,15 +293,11 @@ class GRPOTrainer(TrainerStateMixin):
     def advantages(self, batch: ExperienceBatch) -> Advantages:
         """The batch's group-relative advantages and reward statistics (the batch is not changed)."""
         result = self.advantage_estimator(
-            batch.rewards,
-            batch.group_ids,
-            batch.num_groups,
-            components=batch.reward_components,
-            weights=getattr(self.reward_model, "reward_weights", None),
-            mask=batch.mask,
-            kl_penalty=self._kl_reward_penalty(batch),
-            group_size=batch.group_size, step_rewards=batch.step_rewards,
-        )
+            batch.rewards, batch.group_ids, batch.num_groups, components=batch.reward_components,
+            weights=getattr(self.reward_model, "reward_weights", None), mask=batch.mask,
+            kl_penalty=self._kl_reward_penalty(batch), group_size=batch.group_size,
+            step_rewards=batch.step_rewards,
+        )  # fmt: skip
         dropped = batch.dropped_groups if self.config.invalid_rewards == "drop_groups" else None
         return with_statistics(
             result, batch.rewards, batch.group_ids, batch.num_groups, batch.group_size,

@@ -131,7 +131,9 @@ def run_update(
         else:  # every optimizer step was applied
             guard.check_weights()
     stats.non_finite_steps = parts.guard.non_finite_steps
-    return stats.finish()
+    out, steps = stats.finish()
+    out["optim/update_ratio"] = parts.guard.update_ratio  # ||theta' - theta|| / ||theta|| (grpo.guard)
+    return out, steps
 
 
 def _optimizer_step(
