@@ -1,9 +1,11 @@
 """GRPO on CartPole-v1: each GRPO state is an env seed, each action a whole episode.
 
-A group is G episodes started from the same ``env.reset(seed=s)``; the reward is the episode's
-return; every step of an episode gets its group-relative advantage (see grpo/gym_episodes.py).
-Training stops when the deterministic policy (argmax) averages >= 475 over 20 evaluation episodes
-(full 500-step episodes) whose seeds are disjoint from the training seeds. ``--train-horizon N`` caps
+A group is G episodes started from the same ``env.reset(seed=s)``. Settings: the `small_policy`
+preset (``GRPOConfig.recipe("small_policy", group_size=4, batch_size=4)``) with per-step credit
+(`EpisodeRewards`): each step's return-to-go (gamma 0.99) is compared with the other episodes of
+its group at the same step (see grpo/gym_episodes.py). Training stops when the deterministic
+policy (argmax) averages >= 475 over 10 evaluation episodes (full 500-step episodes) whose seeds
+are disjoint from the training seeds. ``--train-horizon N`` caps
 training episodes at N steps (default: the env's own 500).
 
 Run: ``python examples/cartpole.py --seeds 0 1 2`` (needs ``pip install grpo[gym]``).
@@ -20,7 +22,7 @@ import numpy as np
 import torch
 
 from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
-from grpo.gym_episodes import EpisodePolicy, EpisodeReturn, evaluate_episodes
+from grpo.gym_episodes import EpisodePolicy, EpisodeRewards, evaluate_episodes
 
 ENV_ID = "CartPole-v1"
 EVAL_SEEDS = list(range(1_000_000, 1_000_020))  # never drawn for training (those are < 2**20)
@@ -32,19 +34,20 @@ def solve(
     max_steps: int = 200,
     max_env_steps: int | None = None,
     batch_size: int = 4,
-    group_size: int = 8,
-    learning_rate: float = 0.01,
-    epochs: int = 4,
-    hidden: int = 32,
+    group_size: int = 4,
+    learning_rate: float | None = None,
+    epochs: int | None = None,
+    hidden: int = 64,
     train_horizon: int | None = None,
     target: float = 475.0,
-    eval_episodes: int = 20,
+    eval_episodes: int = 10,
     eval_threshold: float = 0.9,
     log_every: int = 5,
     verbose: bool = True,
 ) -> dict[str, Any]:
     """Train until the greedy policy's mean return over ``eval_episodes`` reaches ``target``.
 
+    ``learning_rate`` / ``epochs`` override the preset's (None = the preset's 5e-3 / 10).
     ``train_horizon`` caps training episodes (None = the env's 500); evaluation always plays
     full 500-step episodes. A cap (e.g. 200) makes the late phase cheaper but can stall: once every
     training episode hits the cap, each group's returns are equal, its advantages are 0, and
@@ -58,15 +61,15 @@ def solve(
     rng = np.random.default_rng(seed)
     net = categorical_mlp(obs_dim=4, num_actions=2, hidden=(hidden, hidden))
     policy = EpisodePolicy(ENV_ID, net, max_steps=train_horizon)
-    config = GRPOConfig(
-        group_size=group_size,
-        batch_size=batch_size,
-        learning_rate=learning_rate,
-        num_epochs_per_update=epochs,
-        kl_coeff=0.0,
-        seed=seed,
+    overrides: dict[str, Any] = {}
+    if learning_rate is not None:
+        overrides["learning_rate"] = learning_rate
+    if epochs is not None:
+        overrides["num_epochs_per_update"] = epochs
+    config = GRPOConfig.recipe(
+        "small_policy", group_size=group_size, batch_size=batch_size, seed=seed, **overrides
     )
-    trainer = GRPOTrainer(config, policy, EpisodeReturn())
+    trainer = GRPOTrainer(config, policy, EpisodeRewards())
     t0 = time.perf_counter()
     eval_mean, solved_at = float("nan"), None
     step = 0
@@ -107,17 +110,17 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=200, help="maximum GRPO steps per seed")
     parser.add_argument("--batch-size", type=int, default=4, help="B, env seeds (groups) per step")
-    parser.add_argument("--group-size", type=int, default=8, help="G, episodes per seed")
-    parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--epochs", type=int, default=4, help="num_epochs_per_update")
-    parser.add_argument("--hidden", type=int, default=32, help="width of the two hidden layers")
+    parser.add_argument("--group-size", type=int, default=4, help="G, episodes per seed")
+    parser.add_argument("--lr", type=float, default=None, help="override the preset's learning rate")
+    parser.add_argument("--epochs", type=int, default=None, help="override num_epochs_per_update")
+    parser.add_argument("--hidden", type=int, default=64, help="width of the two hidden layers")
     parser.add_argument(
         "--train-horizon",
         type=int,
         default=0,
         help="cap training episodes at this many steps (0 = the env's 500); evaluation plays 500",
     )
-    parser.add_argument("--eval-episodes", type=int, default=20)
+    parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument("--target", type=float, default=475.0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

@@ -152,6 +152,14 @@ class GRPOConfig:
             "epoch. Must divide batch_size. A group is never split."
         ),
     )
+    num_mini_batches: int | None = field(
+        default=None,
+        metadata=_help(
+            "Optimizer steps per epoch (PPO's number of mini-batches), the alternative to "
+            "mini_batch_size: mini_batch_size becomes the largest divisor of batch_size that is "
+            "<= batch_size / num_mini_batches. None = use mini_batch_size."
+        ),
+    )
     micro_batch_size: int | None = field(
         default=None,
         metadata=_help(
@@ -473,7 +481,8 @@ class GRPOConfig:
     def recipe(cls, name: str, **overrides: Any) -> GRPOConfig:
         """A named preset with its paper's published defaults, then ``overrides``.
 
-        Names: see `grpo.recipes.RECIPES` ("deepseek_math", "dr_grpo", "dapo", "gspo", "cispo").
+        Names: see `grpo.recipes.RECIPES` ("deepseek_math", "dr_grpo", "dapo", "gspo", "cispo",
+        and grpo's own "small_policy" for bandits and classic control).
         """
         from grpo.recipes import recipe_values
 
@@ -485,6 +494,8 @@ class GRPOConfig:
                 f"GRPOConfig.recipe({name!r}) got unknown fields {sorted(unknown)}; valid: "
                 f"{sorted(known)}.{_suggestions(unknown, known)}"
             )
+        if "mini_batch_size" in overrides:  # the caller's mini-batch size replaces the recipe's count
+            values.pop("num_mini_batches", None)
         values.update(overrides)
         values["recipe_name"] = name
         return cls(**values)
@@ -523,6 +534,13 @@ class GRPOConfig:
         check_int("group_size", 2)
         check_int("batch_size", 1)
         check_int("mini_batch_size", 1, optional=True)
+        check_int("num_mini_batches", 1, optional=True)
+        if self.mini_batch_size is not None and self.num_mini_batches is not None:
+            raise bad(
+                "num_mini_batches",
+                "set either mini_batch_size or num_mini_batches, not both",
+                f" mini_batch_size={self.mini_batch_size} is set; pass num_mini_batches=None.",
+            )
         check_int("micro_batch_size", 1, optional=True)
         check_int("num_epochs_per_update", 1)
         check_int("reference_update_freq", 1, optional=True)
@@ -658,8 +676,13 @@ class GRPOConfig:
     # ---- derived quantities -------------------------------------------------------------
     @property
     def resolved_mini_batch_size(self) -> int:
-        """States per optimizer step."""
-        return self.batch_size if self.mini_batch_size is None else self.mini_batch_size
+        """States per optimizer step (from mini_batch_size, or num_mini_batches, or batch_size)."""
+        if self.mini_batch_size is not None:
+            return self.mini_batch_size
+        if self.num_mini_batches is None:
+            return self.batch_size
+        most = max(1, self.batch_size // self.num_mini_batches)
+        return max(d for d in range(1, most + 1) if self.batch_size % d == 0)
 
     @property
     def resolved_micro_batch_size(self) -> int:

@@ -9,9 +9,12 @@ episode** played by the policy from the initial state that seed produces::
     reward  = the episode return R_i = sum_t gamma^t r_t    (`EpisodeReturn`)
     A_i     = (R_i - mean_group(R)) / (std_group(R) + eps) # the trainer's group advantage
 
-Every step t of episode i then gets the advantage A_i, and the loss is the clipped surrogate over
-the per-step log-probs ``log pi(a_t | o_t)``: shape ``(N, T)`` with a bool mask ``(N, T)`` that is
-False after the episode ended (episodes of one batch have different lengths; T is the longest).
+Every step t of episode i then gets the advantage A_i. With `EpisodeRewards` instead (per-step
+rewards (N, T)), step t gets its own advantage from its discounted return-to-go, compared with the
+group's other episodes at the same t (docs/gym_episodes.md, "Credit"). The loss is the clipped
+surrogate over the per-step log-probs ``log pi(a_t | o_t)``: shape ``(N, T)`` with a bool mask
+``(N, T)`` that is False after the episode ended (episodes of one batch have different lengths;
+T is the longest).
 
 Why the G episodes of a group must start from the same state
 ------------------------------------------------------------
@@ -48,6 +51,7 @@ back to ``(N, T)``, so they carry gradient.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -198,12 +202,42 @@ class EpisodeRewards:
         A_it = (G_it - mean_{j alive at t} G_jt) / (std_{j alive at t} G_jt + eps)
 
     instead of giving every step the episode's advantage (`EpisodeReturn`). ``reward/mean`` is
-    still the mean undiscounted episode return.
+    still the mean undiscounted episode return (plus the bonus, if any).
+
+    Args:
+        bonus: optional `RewardModel` scoring whole episodes, ``(N,)``, e.g.
+            ``grpo.exploration.EpisodeSpread()``: ``bonus_weight * bonus_i`` is added to the last
+            real step of episode i. With a small weight it only breaks ties: where a group's task
+            rewards are all equal (every episode failed alike, as every early Acrobot or
+            MountainCar episode does) the group-normalised advantages become the standardised
+            bonuses, while elsewhere they barely move (docs/gym_episodes.md, "All-fail tasks").
+        bonus_weight: the weight of the bonus (> 0).
     """
+
+    def __init__(self, bonus: Any = None, bonus_weight: float = 0.01) -> None:
+        if bonus is not None and not callable(getattr(bonus, "compute_rewards", None)):
+            raise TypeError(
+                f"EpisodeRewards(bonus=...) needs a RewardModel with compute_rewards(states, episodes) "
+                f"-> (N,), e.g. grpo.exploration.EpisodeSpread(); got {type(bonus).__name__}."
+            )
+        if not (isinstance(bonus_weight, (int, float)) and math.isfinite(bonus_weight) and bonus_weight > 0):
+            raise ValueError(f"EpisodeRewards(bonus_weight={bonus_weight!r}): expected a finite number > 0.")
+        self.bonus = bonus
+        self.bonus_weight = float(bonus_weight)
 
     def compute_rewards(self, states: Any, actions: Sequence[Episode]) -> Tensor:
         _, _, rew, mask = _stack(actions, "EpisodeRewards.compute_rewards")
-        return rew * mask
+        rew = rew * mask
+        if self.bonus is not None:
+            extra = torch.as_tensor(self.bonus.compute_rewards(states, actions), dtype=rew.dtype)
+            if extra.shape != (rew.shape[0],):
+                raise ValueError(
+                    f"EpisodeRewards: {type(self.bonus).__name__}.compute_rewards returned shape "
+                    f"{tuple(extra.shape)}; expected ({rew.shape[0]},), one number per episode."
+                )
+            last = (mask.sum(-1) - 1).clamp(min=0)
+            rew[torch.arange(rew.shape[0]), last] += self.bonus_weight * extra * mask.any(-1)
+        return rew
 
     def train(self) -> EpisodeRewards:
         return self

@@ -100,9 +100,9 @@ RECIPES: dict[str, Recipe] = {
         "grpo's own preset for small policies (bandits, classic control): measured in "
         "benchmarks/RESULTS.md, section 'Small policies'",
         {
-            "learning_rate": 3e-3,  # a small network, not a language model (3e-4 / 1e-6)
-            "num_epochs_per_update": 4,  # reuse each rollout (PPO-style epochs)
-            "mini_batch_size": 1,  # one optimizer step per group
+            "learning_rate": 5e-3,  # a small network, not a language model (3e-4 / 1e-6)
+            "num_epochs_per_update": 10,  # reuse each rollout (PPO's 10 epochs)
+            "num_mini_batches": 4,  # 4 optimizer steps per epoch: 40 per rollout
             "kl_coeff": 0.0,
             "clip_epsilon": 0.2,
             "loss_aggregation": "token-mean",  # each env step weighs the same

@@ -60,13 +60,7 @@ def test_readme_snippet_and_quickstart_script_agree() -> None:
     readme = (ROOT / "README.md").read_text()
     script = (ROOT / "examples" / "quickstart.py").read_text()
     line = "print(f\"fraction of the oracle's reward: {start:.2f} -> "
-    settings = (
-        "group_size=8",
-        "batch_size=64",
-        "num_epochs_per_update=2",
-        "learning_rate=3e-3",
-        "kl_coeff=0.01",
-    )
+    settings = ('GRPOConfig.recipe("small_policy"', "group_size=8", "batch_size=64", "entropy=")
     for text in (readme, script):
         assert line in text
         for setting in settings:
