@@ -93,8 +93,9 @@ class StallWatch:
     Args:
         steps: consecutive stalled steps before warning (>= 1); None = never warn.
         update_ratio_floor: ``optim/update_ratio`` below this counts as no update (>= 0).
-        kl_coeff, entropy_coeff: the loss's other terms, named in the message (what gradient is
-            left when the advantages are 0).
+        kl_coeff: the loss's KL term coefficient, named in the message (what gradient is left
+            when the advantages are 0).
+        entropy_coeff: the loss's entropy term coefficient, named in the message likewise.
         optimizer: its first parameter group's learning rate is quoted in the update-size
             message (None: not quoted).
     """
