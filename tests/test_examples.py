@@ -84,7 +84,9 @@ def test_pendulum_script_tiny_budget(tmp_path: Path) -> None:
 def test_learning_benchmark_tiny_budget(tmp_path: Path) -> None:
     pytest.importorskip("gymnasium")
     out = run(
-        ROOT / "benchmarks" / "learning.py", "--seeds", "0", "--budget", "300", "--no-ppo", tmp_path=tmp_path
+        ROOT / "benchmarks" / "learning.py",
+        *("--tasks", "cartpole", "--side", "grpo", "--seeds", "0", "--budget", "300"),
+        tmp_path=tmp_path,
     )
     assert re.search(r"GRPO .*\n.*\n\s+0\s+False\s+\d+\s+\d+", out)
 
