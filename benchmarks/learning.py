@@ -227,8 +227,24 @@ class Task:
     skipped: list[str] = field(default_factory=list)
 
 
-def _grpo_bandit(fn: Callable[..., dict[str, Any]], preset: str) -> Callable[[int, int], dict[str, Any]]:
-    return lambda seed, budget: fn(bt.config_for(preset, seed), seed, budget)
+GRPO_CONFIG_LABELS = {
+    "defaults": "GRPO library defaults, GRPOConfig()",
+    "quickstart": "GRPO README quick start's settings",
+    "small_policy": "GRPO small_policy preset",
+}
+
+
+def grpo_bandit_rows(fn: Callable[..., dict[str, Any]], *configs: str) -> list[Row]:
+    """One GRPO row per config name of `bandit_tasks.config_for`, each running ``fn``."""
+    return [
+        Row(
+            GRPO_CONFIG_LABELS[c],
+            "grpo",
+            c,
+            lambda seed, budget, c=c: fn(bt.config_for(c, seed), seed, budget),
+        )
+        for c in configs
+    ]
 
 
 def preset_group_size() -> int:
@@ -297,25 +313,8 @@ def build_tasks(names: Sequence[str], budgets: dict[str, int], side: str) -> lis
                 bt.BANDIT50_STEPS,
                 "steps",
             )
+            t.rows += grpo_bandit_rows(bt.bandit50_grpo, "defaults", "quickstart", "small_policy")
             t.rows += [
-                Row(
-                    "GRPO library defaults, GRPOConfig()",
-                    "grpo",
-                    "defaults",
-                    _grpo_bandit(bt.bandit50_grpo, "defaults"),
-                ),
-                Row(
-                    "GRPO README quick start's settings",
-                    "grpo",
-                    "quickstart",
-                    _grpo_bandit(bt.bandit50_grpo, "quickstart"),
-                ),
-                Row(
-                    "GRPO small_policy preset",
-                    "grpo",
-                    "small_policy",
-                    _grpo_bandit(bt.bandit50_grpo, "small_policy"),
-                ),
                 Row(
                     f"Thompson sampling, Beta(1,1), {g} pulls a round",
                     "peer",
@@ -333,19 +332,8 @@ def build_tasks(names: Sequence[str], budgets: dict[str, int], side: str) -> lis
                 bt.NONSTATIONARY_ROUNDS,
                 "rounds",
             )
+            t.rows += grpo_bandit_rows(bt.nonstationary_grpo, "defaults", "small_policy")
             t.rows += [
-                Row(
-                    "GRPO library defaults, GRPOConfig()",
-                    "grpo",
-                    "defaults",
-                    _grpo_bandit(bt.nonstationary_grpo, "defaults"),
-                ),
-                Row(
-                    "GRPO small_policy preset",
-                    "grpo",
-                    "small_policy",
-                    _grpo_bandit(bt.nonstationary_grpo, "small_policy"),
-                ),
                 Row(
                     f"eps-greedy (eps 0.1, step size 0.1), {g} pulls a round",
                     "peer",
@@ -363,19 +351,8 @@ def build_tasks(names: Sequence[str], budgets: dict[str, int], side: str) -> lis
                 bt.CONTEXTUAL_STEPS,
                 "steps",
             )
+            t.rows += grpo_bandit_rows(bt.contextual_grpo, "defaults", "small_policy")
             t.rows += [
-                Row(
-                    "GRPO library defaults, GRPOConfig()",
-                    "grpo",
-                    "defaults",
-                    _grpo_bandit(bt.contextual_grpo, "defaults"),
-                ),
-                Row(
-                    "GRPO small_policy preset",
-                    "grpo",
-                    "small_policy",
-                    _grpo_bandit(bt.contextual_grpo, "small_policy"),
-                ),
                 Row(
                     "hand-written PyTorch GRPO loop (B 8, G 8, Adam 3e-3, 4 epochs)",
                     "peer",

@@ -42,11 +42,12 @@ import torch
 from torch import Tensor
 
 from grpo.gym_episodes import Episode, _stack
+from grpo.reward_model_base import StatelessReward
 
 __all__ = ["EpisodeSpread"]
 
 
-class EpisodeSpread:
+class EpisodeSpread(StatelessReward):
     """`RewardModel`: the part of the observation space an episode swept, in [0, 1].
 
     For the N episodes of one call, observations ``o`` (N, T, d) and mask (N, T)::
@@ -75,12 +76,3 @@ class EpisodeSpread:
         full = hi.amax(0) - lo.amin(0)  # (d,)
         full = torch.where(torch.isfinite(full) & (full > 0), full, torch.full_like(full, torch.inf))
         return (width / full).mean(-1).float()
-
-    def train(self) -> EpisodeSpread:
-        return self
-
-    def eval(self) -> EpisodeSpread:
-        return self
-
-    def to(self, device: Any) -> EpisodeSpread:
-        return self

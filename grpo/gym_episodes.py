@@ -63,6 +63,7 @@ from torch.distributions import Distribution
 
 from grpo.policies import DistributionPolicy
 from grpo.policy_base import EntropyRequest, PolicyOutput, entropy_grad_mode
+from grpo.reward_model_base import StatelessReward
 
 __all__ = [
     "Episode",
@@ -167,7 +168,7 @@ def _stack(episodes: Sequence[Episode], where: str) -> tuple[Tensor, Tensor, Ten
     )
 
 
-class EpisodeReturn:
+class EpisodeReturn(StatelessReward):
     """`RewardModel`: the reward of an `Episode` is its (optionally discounted) return.
 
     ``compute_rewards(states, episodes) -> (N,)`` with ``R_i = sum_t gamma^t r_{i,t}``.
@@ -182,17 +183,8 @@ class EpisodeReturn:
         _, _, rew, mask = _stack(actions, "EpisodeReturn.compute_rewards")
         return discounted_returns(rew, mask, self.gamma)
 
-    def train(self) -> EpisodeReturn:
-        return self
 
-    def eval(self) -> EpisodeReturn:
-        return self
-
-    def to(self, device: Any) -> EpisodeReturn:
-        return self
-
-
-class EpisodeRewards:
+class EpisodeRewards(StatelessReward):
     """`RewardModel`: the per-step rewards of each `Episode`, for per-step credit.
 
     ``compute_rewards(states, episodes) -> (N, T)``: ``r_it`` on real steps, 0 after the end. The
@@ -238,15 +230,6 @@ class EpisodeRewards:
             last = (mask.sum(-1) - 1).clamp(min=0)
             rew[torch.arange(rew.shape[0]), last] += self.bonus_weight * extra * mask.any(-1)
         return rew
-
-    def train(self) -> EpisodeRewards:
-        return self
-
-    def eval(self) -> EpisodeRewards:
-        return self
-
-    def to(self, device: Any) -> EpisodeRewards:
-        return self
 
 
 class _EnvPool:

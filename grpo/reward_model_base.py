@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
+from typing_extensions import Self
 
 from grpo.policy_base import check_protocol
 
@@ -20,6 +21,7 @@ __all__ = [
     "CombinedReward",
     "FunctionReward",
     "RewardModel",
+    "StatelessReward",
     "SupportsRewardComponents",
     "as_reward_model",
     "check_reward_model",
@@ -68,7 +70,21 @@ def check_reward_model(reward_model: object, role: str = "reward_model") -> None
     check_protocol(reward_model, role, _REWARD_SIGNATURES)
 
 
-class FunctionReward:
+class StatelessReward:
+    """Base of rewards with no weights and no device state: ``train()``, ``eval()`` and ``to()``
+    (the rest of the `RewardModel` protocol) return the reward itself."""
+
+    def train(self) -> Self:
+        return self
+
+    def eval(self) -> Self:
+        return self
+
+    def to(self, device: Any) -> Self:
+        return self
+
+
+class FunctionReward(StatelessReward):
     """A `RewardModel` made from a plain function ``fn(states, actions) -> (N,) rewards``."""
 
     def __init__(self, fn: Callable[[Any, Any], RewardLike], name: str | None = None) -> None:
@@ -79,15 +95,6 @@ class FunctionReward:
 
     def compute_rewards(self, states: Any, actions: Any) -> RewardLike:
         return self.fn(states, actions)
-
-    def train(self) -> FunctionReward:
-        return self
-
-    def eval(self) -> FunctionReward:
-        return self
-
-    def to(self, device: Any) -> FunctionReward:
-        return self
 
     def __repr__(self) -> str:
         return f"FunctionReward({self.name})"

@@ -141,5 +141,15 @@ class Counting:
 
 
 @pytest.fixture
+def one_thread() -> Any:
+    """Tiny networks: one intra-op thread is faster, and far faster on a busy 2-core runner. Use
+    with ``pytestmark = pytest.mark.usefixtures("one_thread")``; the count is restored after."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
 def contextual() -> ContextualBandit:
     return ContextualBandit(seed=0)

@@ -20,6 +20,7 @@ from grpo.exploration import EpisodeSpread
 from grpo.gym_episodes import EpisodeRewards, evaluate_episodes
 
 EVAL = classic_control.EVAL_SEEDS[:5]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def returns_after(env_id: str, seed: int, env_steps: int) -> tuple[float, float]:
@@ -35,7 +36,6 @@ def returns_after(env_id: str, seed: int, env_steps: int) -> tuple[float, float]
 
 
 def test_cartpole_balances_after_10k_env_steps() -> None:
-    torch.set_num_threads(1)
     runs = [returns_after("CartPole-v1", s, 10_000) for s in range(3)]
     assert max(b for b, _ in runs) < 60  # the untrained policies fall at once
     assert np.mean([a for _, a in runs]) >= 300, runs  # measured: 450, 263, 466
@@ -43,7 +43,6 @@ def test_cartpole_balances_after_10k_env_steps() -> None:
 
 @pytest.mark.slow
 def test_acrobot_leaves_the_all_fail_start_with_the_tie_breaker() -> None:
-    torch.set_num_threads(1)
     runs = [returns_after("Acrobot-v1", s, 40_000) for s in range(3)]
     assert min(b for b, _ in runs) < -450  # every early episode fails alike
     assert all(a > -400 for _, a in runs), runs  # measured: -252, -77, -80
@@ -51,7 +50,6 @@ def test_acrobot_leaves_the_all_fail_start_with_the_tie_breaker() -> None:
 
 
 def test_pendulum_improves_within_40k_env_steps() -> None:
-    torch.set_num_threads(1)
     runs = [returns_after("Pendulum-v1", s, 40_000) for s in range(3)]
     assert all(a - b > 150 for b, a in runs), runs  # measured: +273, +308, +569
     assert np.mean([a for _, a in runs]) >= -950, runs  # measured: -829

@@ -22,14 +22,7 @@ from grpo.gym_episodes import (  # noqa: E402
     evaluate_episodes,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Any:
-    """Tiny networks: one intra-op thread is faster, and far faster on a busy 2-core runner."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def cartpole_policy(seed: int = 0, **kwargs: Any) -> EpisodePolicy:

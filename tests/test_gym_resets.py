@@ -35,12 +35,7 @@ from grpo.gym_resets import (  # noqa: E402
 CLASSIC = ["CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCar-v0", "MountainCarContinuous-v0"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Any:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make(env_id: str) -> Any:

@@ -48,9 +48,7 @@ bt = _load("bandit_tasks", "bandit_tasks")  # the name benchmarks/learning.py im
 SEEDS = (0, 1, 2)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def preset(seed: int) -> GRPOConfig:

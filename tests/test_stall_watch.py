@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,14 +17,7 @@ from grpo import CombinedReward, GRPOConfig, GRPOTrainer, StallWarning, StallWat
 from grpo.stall_watch import STALL_STEPS
 from tests.conftest import ContextualBandit, bandit_policy
 
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny networks: one intra-op thread is faster, and far faster on a busy 2-core runner."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _steps(

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from grpo.llm.data import prompt_text, state_columns
+from grpo.reward_model_base import StatelessReward
 
 __all__ = [
     "Extractor",
@@ -218,7 +219,7 @@ def _fn_name(fn: Callable[..., Any]) -> str:
     return str(getattr(fn, "__name__", type(fn).__name__))
 
 
-class RewardFunctions:
+class RewardFunctions(StatelessReward):
     """Weighted text rewards ``r = sum_k w_k r_k`` as a `RewardModel` with components.
 
     Args:
@@ -327,15 +328,6 @@ class RewardFunctions:
             w = self.reward_weights[n]
             total = [t + w * v for t, v in zip(total, values, strict=True)]
         return total
-
-    def train(self) -> RewardFunctions:
-        return self
-
-    def eval(self) -> RewardFunctions:
-        return self
-
-    def to(self, device: Any) -> RewardFunctions:
-        return self
 
     def __repr__(self) -> str:
         return f"RewardFunctions({self.reward_weights})"
