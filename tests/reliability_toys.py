@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
 
@@ -147,6 +148,43 @@ def zygote() -> None:
             print(f"reaped {status}", flush=True)
         elif cmd == "exit":
             return
+
+
+class PlainPolicy:
+    """Not an nn.Module: one weight tensor, saved through get_parameters() and copied in place."""
+
+    def __init__(self, value: float) -> None:
+        self.w = torch.full((3,), value, requires_grad=True)
+
+    def generate_actions(self, states: Any, num_actions_per_state: int, **kw: Any) -> Tensor:
+        return torch.distributions.Categorical(logits=self.w).sample((len(states), num_actions_per_state))
+
+    def get_log_probabilities(self, states: Any, actions: Any) -> Tensor:
+        return torch.log_softmax(self.w, -1)[actions]
+
+    def get_parameters(self) -> dict[str, Tensor]:
+        return {"w": self.w}
+
+    def train(self) -> None: ...
+    def eval(self) -> None: ...
+    def to(self, device: Any) -> PlainPolicy:
+        return self
+
+
+class StateDictPolicy(PlainPolicy):
+    """Not an nn.Module, but with the state_dict()/load_state_dict() hook (which wins)."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__(value)
+        self.temperature = torch.tensor(1.0)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {"w": self.w.detach(), "temperature": self.temperature}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        with torch.no_grad():
+            self.w.copy_(state["w"])
+        self.temperature = state["temperature"].clone()
 
 
 if __name__ == "__main__":

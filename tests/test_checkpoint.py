@@ -17,6 +17,8 @@ from torch import Tensor
 from grpo import GRPOConfig, GRPOTrainer
 from grpo.checkpoint import CheckpointError, find_latest_checkpoint, list_checkpoints
 from tests.reliability_toys import (
+    PlainPolicy,
+    StateDictPolicy,
     bandit_reward,
     make_config,
     make_policy,
@@ -115,43 +117,6 @@ def test_from_checkpoint_uses_the_saved_config(tmp_path: Path) -> None:
     assert t2.reference_policy is None
     assert t2.step_count == 1
     assert all(torch.equal(a, b) for a, b in zip(t1.params, t2.params, strict=True))
-
-
-class PlainPolicy:
-    """Not an nn.Module: one weight tensor, saved through get_parameters() and copied in place."""
-
-    def __init__(self, value: float) -> None:
-        self.w = torch.full((3,), value, requires_grad=True)
-
-    def generate_actions(self, states: Any, num_actions_per_state: int, **kw: Any) -> Tensor:
-        return torch.distributions.Categorical(logits=self.w).sample((len(states), num_actions_per_state))
-
-    def get_log_probabilities(self, states: Any, actions: Any) -> Tensor:
-        return torch.log_softmax(self.w, -1)[actions]
-
-    def get_parameters(self) -> dict[str, Tensor]:
-        return {"w": self.w}
-
-    def train(self) -> None: ...
-    def eval(self) -> None: ...
-    def to(self, device: Any) -> PlainPolicy:
-        return self
-
-
-class StateDictPolicy(PlainPolicy):
-    """Not an nn.Module, but with the state_dict()/load_state_dict() hook (which wins)."""
-
-    def __init__(self, value: float) -> None:
-        super().__init__(value)
-        self.temperature = torch.tensor(1.0)
-
-    def state_dict(self) -> dict[str, Tensor]:
-        return {"w": self.w.detach(), "temperature": self.temperature}
-
-    def load_state_dict(self, state: dict[str, Tensor]) -> None:
-        with torch.no_grad():
-            self.w.copy_(state["w"])
-        self.temperature = state["temperature"].clone()
 
 
 @pytest.mark.parametrize("cls", [PlainPolicy, StateDictPolicy])

@@ -32,7 +32,7 @@ from torch import Tensor
 import grpo.checkpoint as ckpt_mod
 from grpo import GRPOConfig, GRPOTrainer
 from grpo.checkpoint import PATH_FIELDS, CheckpointError, find_latest_checkpoint
-from tests.reliability_toys import bandit_reward, make_policy, make_trainer, train_step
+from tests.reliability_toys import StateDictPolicy, bandit_reward, make_policy, make_trainer, train_step
 
 
 # ---- the trainers: a saved one, and a different one to load into --------------------------------
@@ -548,24 +548,8 @@ class TestNothingChangesOnFailure:
         assert t2.step_count == 1
 
 
-class HalfLoader:
+class HalfLoader(StateDictPolicy):
     """A policy (not an nn.Module) whose load_state_dict copies ``w`` before checking ``temperature``."""
-
-    def __init__(self, value: float) -> None:
-        self.w = torch.full((3,), value, requires_grad=True)
-        self.temperature = torch.tensor(1.0)
-
-    def generate_actions(self, states: Any, num_actions_per_state: int, **kw: Any) -> Tensor:
-        return torch.distributions.Categorical(logits=self.w).sample((len(states), num_actions_per_state))
-
-    def get_log_probabilities(self, states: Any, actions: Any) -> Tensor:
-        return torch.log_softmax(self.w, -1)[actions]
-
-    def get_parameters(self) -> dict[str, Tensor]:
-        return {"w": self.w}
-
-    def state_dict(self) -> dict[str, Tensor]:
-        return {"w": self.w.detach(), "temperature": self.temperature}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         with torch.no_grad():
@@ -573,11 +557,6 @@ class HalfLoader:
         if float(state["temperature"]) > 1:
             raise ValueError(f"temperature {float(state['temperature'])} > 1")
         self.temperature = state["temperature"].clone()
-
-    def train(self) -> None: ...
-    def eval(self) -> None: ...
-    def to(self, device: Any) -> HalfLoader:
-        return self
 
 
 # ---- 5. allocations are bounded by the live trainer, never by sizes written in JSON --------------
