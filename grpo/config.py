@@ -91,6 +91,7 @@ _ALIASES: dict[str, str] = {
     "clip_grad_norm": "max_grad_norm",
     "lr_scheduler_type": "lr_schedule",
     "lr_scheduler": "lr_schedule",
+    "desired_kl": "adaptive_lr_kl",  # rsl_rl's adaptive schedule
     "scheduler": "lr_schedule",
     "warmup": "warmup_steps",
     "num_warmup_steps": "warmup_steps",
@@ -298,6 +299,21 @@ class GRPOConfig:
     lr_min_ratio: float = field(
         default=0.0,
         metadata=_help("Final learning rate of 'linear'/'cosine' as a fraction of learning_rate, in [0, 1]."),
+    )
+    adaptive_lr_kl: float | None = field(
+        default=None,
+        metadata=_help(
+            "κ: adapt the learning rate to keep each optimizer step's KL(π_old ‖ π_θ) near κ: "
+            "divided by 1.5 when above 2κ, times 1.5 when below κ/2, within [adaptive_lr_min, "
+            "adaptive_lr_max], starting at learning_rate (rsl_rl's 'adaptive' schedule; rule in "
+            "grpo.adaptive_lr). Needs more than one optimizer step per update. None = off (> 0)."
+        ),
+    )
+    adaptive_lr_min: float = field(
+        default=1e-5, metadata=_help("Smallest learning rate adaptive_lr_kl may set (> 0).")
+    )
+    adaptive_lr_max: float = field(
+        default=1e-2, metadata=_help("Largest learning rate adaptive_lr_kl may set (>= adaptive_lr_min).")
     )
 
     # --- algorithm variants ---
@@ -612,6 +628,7 @@ class GRPOConfig:
             and 0.0 <= self.lr_min_ratio <= 1.0
         ):
             raise bad("lr_min_ratio", "expected a number in [0, 1]")
+        self._check_adaptive_lr(bad, check_float)
         self._check_variants(bad, check_float)
         # --- reliability checks ---
         if self.non_finite not in NON_FINITE_POLICIES:
@@ -631,6 +648,36 @@ class GRPOConfig:
             raise bad("fsdp", "expected True or False")
         if not isinstance(self.deepspeed, str) or not self.deepspeed:
             raise bad("deepspeed", "expected 'auto', 'off' or the path of a DeepSpeed JSON config")
+
+    def _check_adaptive_lr(self, bad: Any, check_float: Any) -> None:
+        """Validation of adaptive_lr_kl and its bounds."""
+        check_float("adaptive_lr_min", 0.0, False, finite=True)
+        check_float("adaptive_lr_max", 0.0, False, finite=True)
+        if self.adaptive_lr_max < self.adaptive_lr_min:
+            raise bad(
+                "adaptive_lr_max",
+                f"it must be >= adaptive_lr_min={self.adaptive_lr_min}",
+                " Valid: e.g. adaptive_lr_min=1e-5, adaptive_lr_max=1e-2.",
+            )
+        if self.adaptive_lr_kl is None:
+            return
+        check_float("adaptive_lr_kl", 0.0, False, finite=True)
+        if not self.adaptive_lr_min <= self.learning_rate <= self.adaptive_lr_max:
+            raise bad(
+                "learning_rate",
+                f"with adaptive_lr_kl it is the starting learning rate and must lie in "
+                f"[adaptive_lr_min, adaptive_lr_max] = [{self.adaptive_lr_min}, {self.adaptive_lr_max}]",
+                " Set learning_rate inside the bounds, or widen them.",
+            )
+        if self.optimizer_steps_per_step < 2:
+            raise bad(
+                "adaptive_lr_kl",
+                "it adapts the learning rate to how far the policy moved since the update's first "
+                "optimizer step, and this config makes one optimizer step per update "
+                f"(num_epochs_per_update={self.num_epochs_per_update}, "
+                f"mini_batch_size={self.resolved_mini_batch_size} of batch_size={self.batch_size})",
+                " Use num_epochs_per_update >= 2 or num_mini_batches >= 2, or adaptive_lr_kl=None.",
+            )
 
     def _check_variants(self, bad: Any, check_float: Any) -> None:
         """Validation of the `# --- algorithm variants ---` fields."""

@@ -153,8 +153,9 @@ def make_backend(
     if opt is None:
         return BackendSetup(params, None, None, None, None, reference_copy)
     sched = build_scheduler(
-        opt, config.lr_schedule, config.warmup_steps, config.total_steps, config.lr_min_ratio
-    )
+        opt, config.lr_schedule, config.warmup_steps, config.total_steps, config.lr_min_ratio,
+        adaptive=config.adaptive_lr_kl is not None,
+    )  # fmt: skip
     if ds_config is not None:
         ds = DeepSpeedBackend(
             policy, params, opt, ds_config, max_grad_norm=config.max_grad_norm,

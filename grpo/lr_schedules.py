@@ -9,8 +9,9 @@ The multiplier of the base learning rate for the optimizer step with 0-based ind
              linear:    m = r + (1 - r) * (1 - p)
              cosine:    m = r + (1 - r) * (1 + cos(pi * p)) / 2
 
-so the learning rate of optimizer step ``s`` is ``base_lr * m(s)``. Warmup follows nanoGPT: the
-first step already moves (``m(0) = 1/(W+1)``, not 0). Steps count *optimizer* steps (the
+so the learning rate of optimizer step ``s`` is ``base_lr * c * m(s)``, where ``c`` (``scale``,
+1 unless ``GRPOConfig.adaptive_lr_kl`` is set) is the factor `grpo.adaptive_lr` adjusts. Warmup
+follows nanoGPT: the first step already moves (``m(0) = 1/(W+1)``, not 0). Steps count *optimizer* steps (the
 scheduler is stepped once per ``optimizer.step()``), i.e. ``GRPOConfig.optimizer_steps_per_step``
 per trainer step. A skipped (non-finite) optimizer step does not advance the schedule.
 
@@ -40,6 +41,9 @@ class LRSchedule:
         total_steps: S, the optimizer step at which decay reaches ``lr_min_ratio``; required
             (and > W) for ``'linear'`` and ``'cosine'``, ignored for ``'constant'``.
         lr_min_ratio: r, the final multiplier of the decaying schedules, in [0, 1].
+        scale: c, a factor on every step's multiplier (> 0): `grpo.adaptive_lr` keeps the
+            adapted learning rate here, so that it is part of the scheduler's state (checkpoints,
+            the guard's rollback). 1 otherwise.
     """
 
     def __init__(
@@ -48,6 +52,7 @@ class LRSchedule:
         warmup_steps: int = 0,
         total_steps: int | None = None,
         lr_min_ratio: float = 0.0,
+        scale: float = 1.0,
     ) -> None:
         if name not in LR_SCHEDULES:
             raise ValueError(f"lr schedule {name!r} is unknown; choose one of {LR_SCHEDULES}.")
@@ -57,13 +62,20 @@ class LRSchedule:
                 f"total_steps={total_steps}. Set it to the number of optimizer steps of the run "
                 f"(num_steps * optimizer_steps_per_step)."
             )
+        if not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"lr schedule scale must be a finite number > 0, got {scale}.")
         self.name: str = name
         self.warmup_steps = int(warmup_steps)
         self.total_steps = None if total_steps is None else int(total_steps)
         self.lr_min_ratio = float(lr_min_ratio)
+        self.scale = float(scale)
 
     def __call__(self, s: int) -> float:
-        """m(s) for the 0-based optimizer step ``s``."""
+        """c * m(s) for the 0-based optimizer step ``s``."""
+        return self.scale * self.multiplier(s)
+
+    def multiplier(self, s: int) -> float:
+        """m(s) for the 0-based optimizer step ``s`` (without ``scale``)."""
         w = self.warmup_steps
         if s < w:
             return (s + 1) / (w + 1)
@@ -78,7 +90,7 @@ class LRSchedule:
     def __repr__(self) -> str:
         return (
             f"LRSchedule({self.name!r}, warmup_steps={self.warmup_steps}, "
-            f"total_steps={self.total_steps}, lr_min_ratio={self.lr_min_ratio})"
+            f"total_steps={self.total_steps}, lr_min_ratio={self.lr_min_ratio}, scale={self.scale})"
         )
 
 
@@ -88,13 +100,15 @@ def build_scheduler(
     warmup_steps: int = 0,
     total_steps: int | None = None,
     lr_min_ratio: float = 0.0,
+    *,
+    adaptive: bool = False,
 ) -> torch.optim.lr_scheduler.LambdaLR | None:
     """A `LambdaLR` applying `LRSchedule` to every parameter group of ``optimizer``.
 
     Returns None when there is nothing to schedule: no optimizer, or a constant schedule without
-    warmup (the learning rate never changes, so no scheduler state is kept).
+    warmup and not ``adaptive`` (the learning rate never changes, so no scheduler state is kept).
     """
-    if optimizer is None or (name == "constant" and warmup_steps == 0):
+    if optimizer is None or (name == "constant" and warmup_steps == 0 and not adaptive):
         return None
     schedule = LRSchedule(name, warmup_steps, total_steps, lr_min_ratio)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)

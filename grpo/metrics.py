@@ -203,6 +203,14 @@ METRICS: tuple[Metric, ...] = (
     _m("time/update", "slowest", "step", "Seconds in advantages + the optimisation epochs."),
     _m("time/step", "slowest", "step", "Seconds of the whole `step` call."),
     _m(
+        "optim/adaptive_lr",
+        "global",
+        "step",
+        "With `GRPOConfig.adaptive_lr_kl`: the adapted learning rate η of the first parameter "
+        "group after this step's update (before warmup / decay multiply it; rule in "
+        "`grpo.adaptive_lr`). Absent otherwise.",
+    ),
+    _m(
         "optim/lr",
         "global",
         "train",

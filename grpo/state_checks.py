@@ -333,11 +333,13 @@ def lambdas_problem(sched: Any, v: Any, live: Any) -> str | None:
             if problem is not None:
                 return f"entry {i} {problem}"
             continue
-        if not isinstance(entry, Mapping) or set(entry) != set(live_entry):
+        # checkpoints from before the adaptive learning rate have no "scale" (it stays 1)
+        if not isinstance(entry, Mapping) or set(entry) not in (set(live_entry), set(live_entry) - {"scale"}):
             return f"entry {i} is {_short(entry)}; expected the fields {sorted(live_entry)} of an LRSchedule"
         name, warmup, total, floor = (
             entry[k] for k in ("name", "warmup_steps", "total_steps", "lr_min_ratio")
         )
+        scale = entry.get("scale", 1.0)
         if not (
             isinstance(name, str)
             and type(warmup) is int
@@ -345,10 +347,11 @@ def lambdas_problem(sched: Any, v: Any, live: Any) -> str | None:
             and (total is None or type(total) is int)
             and is_number(floor)
             and 0 <= floor <= 1
+            and is_number(scale)
         ):
             return f"entry {i} is {_short(entry)}; not the fields of an LRSchedule"
         try:
-            LRSchedule(name, warmup, total, floor)  # type: ignore[arg-type]
+            LRSchedule(name, warmup, total, floor, scale)  # type: ignore[arg-type]
         except ValueError as e:
             return f"entry {i}: {str(e).rstrip('.')}"
     return None

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor
 
+from grpo.adaptive_lr import AdaptiveLR
 from grpo.advantage_estimator import AdvantageEstimator, AdvantageFn, Advantages, with_statistics
 from grpo.backends import Backend
 from grpo.config import GRPOConfig
@@ -141,6 +142,7 @@ class GRPOTrainer(TrainerStateMixin):
         return UpdateParts(
             self.policy, self.objective, self.plan, self.backend, self.guard, self.params, self.optimizer,
             self.scheduler, self.device, self._entropy_request(), self.config.sampler_is_cap,
+            AdaptiveLR.from_config(self.config, self.scheduler),
         )  # fmt: skip
 
     def _entropy_request(self) -> EntropyRequest:

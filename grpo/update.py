@@ -9,6 +9,7 @@ objective, backward passes, then one optimizer step through the backend::
             out  = objective(lp, logp_old, A, mask, Z)    # grpo.grpo_objective
             backend.backward(out.loss, last=mb.last)      # (update's 1st: raise if no parameter
                                                           #  got a gradient)
+        adaptive_lr.observe(KL of opt_step)               # optional: grpo.adaptive_lr sets the lr
         result = guard.optimizer_step()                   # backend: reduce, clip, step; or skip if
                                                           # non-finite (or lr/weight decay is)
         if not guard.accept(result): break                # grpo.guard: undo the whole update
@@ -27,14 +28,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from grpo.adaptive_lr import AdaptiveLR
 from grpo.backends import Backend, OptimizerStepResult
 from grpo.experience_collector import ExperienceBatch, LogProbs, evaluate_log_probs, select_rows
-from grpo.grpo_objective import GRPOObjective, ObjectiveOutput, update_metrics
+from grpo.grpo_objective import STAT_NAMES, GRPOObjective, ObjectiveOutput, update_metrics
 from grpo.guard import UpdateGuard
 from grpo.policy_base import EntropyRequest, PolicyModel, has_method, set_training_mode
 from grpo.update_plan import MicroBatch, NormaliserMode, OptimizerStep, UpdateDecisions, UpdatePlan
 
 __all__ = ["UpdateParts", "UpdateStatistics", "run_update"]
+
+_KL_AND_COUNT = [STAT_NAMES.index("kl_old"), STAT_NAMES.index("steps")]  # (sum k3, #valid) of a step
 
 
 class UpdateStatistics:
@@ -82,7 +86,8 @@ class UpdateParts:
     """What an update is made of (the trainer builds them once).
 
     ``exact_entropy``: what to ask ``evaluate_actions`` for (see `grpo.policy_base`);
-    ``sampler_is_cap``: the truncated importance-weight cap of a sampler/trainer mismatch, or None.
+    ``sampler_is_cap``: the truncated importance-weight cap of a sampler/trainer mismatch, or None;
+    ``adaptive_lr``: the learning-rate controller of ``GRPOConfig.adaptive_lr_kl``, or None.
     """
 
     policy: PolicyModel
@@ -96,6 +101,7 @@ class UpdateParts:
     device: torch.device
     exact_entropy: EntropyRequest
     sampler_is_cap: float | None
+    adaptive_lr: AdaptiveLR | None = None
 
 
 def run_update(
@@ -133,6 +139,8 @@ def run_update(
     stats.non_finite_steps = parts.guard.non_finite_steps
     out, steps = stats.finish()
     out["optim/update_ratio"] = parts.guard.update_ratio  # ||theta' - theta|| / ||theta|| (grpo.guard)
+    if parts.adaptive_lr is not None:
+        out["optim/adaptive_lr"] = parts.adaptive_lr.lr
     return out, steps
 
 
@@ -187,6 +195,8 @@ def _optimizer_step(
         backend.rescale_gradients(divisor)
         step_stats = ObjectiveOutput.rescale(step_stats, divisor)
     stats.add_objective(step_stats)
+    if parts.adaptive_lr is not None and stats.optimizer_steps > 0:  # step 0 has not moved yet
+        parts.adaptive_lr.observe(backend.global_sum(step_stats[_KL_AND_COUNT]))  # grpo.adaptive_lr
     return parts.guard.optimizer_step()
 
 

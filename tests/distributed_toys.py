@@ -152,6 +152,12 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "seq_deferred": {"kind": "seq", "gates": [1, 1], "cfg": {"micro_batch_size": 2}},
     "seq_known": {"kind": "seq", "gates": [1, 1], "cfg": {"num_epochs_per_update": 2, "kl_coeff": 0.1}},
     "seq_mean": {"kind": "seq", "gates": [1, 1], "cfg": {"loss_aggregation": "seq-mean-token-mean"}},
+    # the adaptive learning rate reads the KL of all ranks' tokens (rank 0 has 3x rank 1's)
+    "seq_adaptive_lr": {
+        "kind": "seq",
+        "gates": [1, 1],
+        "cfg": {"num_epochs_per_update": 3, "adaptive_lr_kl": 2e-3, "adaptive_lr_max": 0.5},
+    },
 }
 LOCAL_B, GROUP = 4, 4
 

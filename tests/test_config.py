@@ -126,7 +126,10 @@ def test_non_finite_learning_rate_and_weight_decay_are_refused(
             r"unknown fields lr=0\.001 \(did you mean learning_rate=0\.001\?\), epochs=2 \(did you mean "
             r"num_epochs_per_update=2\?\)\.$",
         ),
-        ({"xyzzy": 1}, r"^GRPOConfig got unknown field xyzzy=1\. Valid fields: advantage_baseline, .*whiten"),
+        (
+            {"xyzzy": 1},
+            r"^GRPOConfig got unknown field xyzzy=1\. Valid fields: adaptive_lr_kl, .*whiten",
+        ),
     ],
 )
 def test_unknown_keywords_name_the_field_meant(kwargs: dict[str, object], pattern: str) -> None:

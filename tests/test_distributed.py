@@ -83,6 +83,14 @@ def test_two_processes_equal_one_process_on_the_global_batch(run: dict[str, Any]
     assert moved > 1e-2
 
 
+def test_adaptive_lr_moved_and_is_the_same_on_every_rank(run: dict[str, Any]) -> None:
+    ref = [m["optim/adaptive_lr"] for m in run["ref"]["seq_adaptive_lr"]["metrics"]]
+    assert len(set(ref)) > 1
+    assert ref[-1] != 0.05
+    for rank in run["ranks"]:  # the KL of the global batch: every rank sets the same rate
+        assert [m["optim/adaptive_lr"] for m in rank["seq_adaptive_lr"]["metrics"]] == pytest.approx(ref)
+
+
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_metrics_are_reduced_to_the_global_batch_values(run: dict[str, Any], name: str) -> None:
     ref = run["ref"][name]["metrics"]

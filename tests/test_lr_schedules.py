@@ -115,6 +115,7 @@ def test_scheduler_state_dict_round_trip() -> None:
         "warmup_steps": 2,
         "total_steps": 9,
         "lr_min_ratio": 0.05,
+        "scale": 1.0,  # grpo.adaptive_lr's factor
     }
     w2 = torch.zeros(1, requires_grad=True)
     opt2 = torch.optim.SGD([w2], lr=1.0)
