@@ -63,8 +63,9 @@ class AdaptiveLR:
     Args:
         scheduler: the trainer's scheduler; its every ``lr_lambdas`` entry is an `LRSchedule`.
         target_kl: κ (> 0).
-        lr_min, lr_max: the bounds of ``η`` (0 < lr_min <= lr_max), the first parameter group's
-            adapted learning rate; the other groups keep their ratio to it.
+        lr_min: the lower bound of ``η`` (> 0), the first parameter group's adapted learning
+            rate; the other groups keep their ratio to it.
+        lr_max: the upper bound of ``η`` (>= lr_min).
     """
 
     def __init__(
