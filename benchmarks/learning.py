@@ -42,6 +42,10 @@ Run from the repository root (the PPO rows need an interpreter with stable-basel
     python benchmarks/learning.py --tasks cartpole acrobot pendulum bandit50 nonstationary \
         contextual --seeds 0 1 2 --task-seeds acrobot=0,1,2,3,4 --json learning.json
     python benchmarks/learning.py --tasks bandit50 --side grpo --budget bandit50=100
+    python benchmarks/learning.py --tasks nonstationary acrobot --side grpo --preset kl_coeff=0.01
+
+``--preset FIELD=JSON`` changes the small_policy preset for the run (every GRPO row and the
+examples read it from ``grpo.recipes``): how the sweeps in RESULTS.md were run.
 """
 
 from __future__ import annotations
@@ -549,6 +553,23 @@ def parse_task_seeds(items: Sequence[str]) -> dict[str, list[int]]:
     return out
 
 
+def apply_preset_changes(items: Sequence[str]) -> None:
+    """``FIELD=JSON`` items into ``grpo.recipes.RECIPES["small_policy"]`` for this process (every
+    GRPO row, the examples' included, reads the preset from there)."""
+    from grpo.recipes import RECIPES
+
+    values = RECIPES["small_policy"].values
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--preset wants FIELD=JSON, got {item!r}")
+        value = json.loads(raw)
+        if value is None:
+            values.pop(name, None)
+        else:
+            values[name] = value
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
@@ -571,7 +592,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "steps (300); nonstationary: rounds (450). A bare N applies to every task given.",
     )
     parser.add_argument("--json", type=Path, default=None, help="write every row and the summary here")
+    parser.add_argument(
+        "--preset",
+        nargs="*",
+        default=[],
+        metavar="FIELD=JSON",
+        help="change a field of the small_policy preset for this run (a sweep), e.g. kl_coeff=0.01 "
+        "adaptive_lr_max=0.01; a JSON value, null removes the field",
+    )
     args = parser.parse_args(argv)
+    apply_preset_changes(args.preset)
     side = "grpo" if args.no_ppo else args.side
     torch.set_num_threads(1)
     # one state per step is what the bandit tasks define; the trainer's note about batch_size is noise here

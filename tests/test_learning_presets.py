@@ -125,3 +125,18 @@ def test_learning_benchmark_prints_tables_and_summary(
     assert [run["seed"] for run in rows["GRPO small_policy preset"]["runs"]] == [0, 1]
     assert saved["tasks"]["nonstationary"]["budget"] == 12
     assert {r["side"] for r in saved["tasks"]["contextual"]["rows"]} == {"grpo", "peer"}
+
+
+def test_learning_benchmark_preset_changes_reach_every_grpo_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    from grpo.recipes import RECIPES
+
+    learning = _load("benchmarks_learning", "learning")
+    original = RECIPES["small_policy"]
+    monkeypatch.setitem(RECIPES, "small_policy", original._replace(values=dict(original.values)))
+    learning.apply_preset_changes(["kl_coeff=0.01", "adaptive_lr_max=null"])
+    config = bt.config_for("small_policy", 0)
+    assert config.kl_coeff == 0.01
+    assert config.adaptive_lr_max == GRPOConfig().adaptive_lr_max  # removed: the field's default
+    assert original.values["kl_coeff"] == 0.0  # the recipe itself is untouched
+    with pytest.raises(SystemExit, match="FIELD=JSON"):
+        learning.apply_preset_changes(["kl_coeff"])
