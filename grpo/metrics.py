@@ -205,7 +205,7 @@ METRICS: tuple[Metric, ...] = (
     _m(
         "optim/adaptive_lr",
         "global",
-        "step",
+        "optional",
         "With `GRPOConfig.adaptive_lr_kl`: the adapted learning rate η of the first parameter "
         "group after this step's update (before warmup / decay multiply it; rule in "
         "`grpo.adaptive_lr`). Absent otherwise.",

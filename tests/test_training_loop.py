@@ -283,9 +283,13 @@ def test_optional_glossary_keys_appear_exactly_when_their_option_is_on() -> None
         "eval/reward/dropped_groups",
         "sampler/is_weight_mean",
         "sampler/is_frac_capped",
+        "optim/adaptive_lr",
     }
     always = set(glossary_keys())
-    on = make_trainer(drop_zero_variance_groups=True, invalid_rewards="drop_groups", sampler_is_cap=2.0)
+    on = make_trainer(
+        drop_zero_variance_groups=True, invalid_rewards="drop_groups", sampler_is_cap=2.0,
+        adaptive_lr_kl=0.01, num_epochs_per_update=2,
+    )  # fmt: skip
     logged = set(on.step(bandit_states(4))) | set(on.evaluate(bandit_states(4)))
     assert optional <= logged
     assert logged - always - optional == set(), "logged keys missing from docs/metrics.md"
