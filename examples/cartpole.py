@@ -47,8 +47,7 @@ def solve(
 ) -> dict[str, Any]:
     """Train until the greedy policy's mean return over ``eval_episodes`` reaches ``target``.
 
-    ``learning_rate`` / ``epochs`` override the preset's (None = the preset's 5e-3 / 10); the
-    learning rate is then also the adaptive rate's ceiling, as 5e-3 is the preset's.
+    ``learning_rate`` / ``epochs`` override the preset's (None = the preset's 5e-3 / 10).
     ``train_horizon`` caps training episodes (None = the env's 500); evaluation always plays
     full 500-step episodes. A cap (e.g. 200) makes the late phase cheaper but can stall: once every
     training episode hits the cap, each group's returns are equal, its advantages are 0, and
@@ -63,8 +62,8 @@ def solve(
     net = categorical_mlp(obs_dim=4, num_actions=2, hidden=(hidden, hidden))
     policy = EpisodePolicy(ENV_ID, net, max_steps=train_horizon)
     overrides: dict[str, Any] = {}
-    if learning_rate is not None:  # the preset's rate only falls from its start: so does this one
-        overrides["learning_rate"] = overrides["adaptive_lr_max"] = learning_rate
+    if learning_rate is not None:
+        overrides["learning_rate"] = learning_rate
     if epochs is not None:
         overrides["num_epochs_per_update"] = epochs
     config = GRPOConfig.recipe(

@@ -71,8 +71,8 @@ class AdaptiveLR:
     def __init__(
         self, scheduler: torch.optim.lr_scheduler.LambdaLR, target_kl: float, lr_min: float, lr_max: float
     ) -> None:
-        self.schedules = [fn for fn in scheduler.lr_lambdas if isinstance(fn, LRSchedule)]
-        if not self.schedules or len(self.schedules) != len(scheduler.lr_lambdas):
+        self.schedules: list[LRSchedule] = list(scheduler.lr_lambdas)  # type: ignore[arg-type]
+        if not all(isinstance(fn, LRSchedule) for fn in self.schedules):
             raise TypeError("AdaptiveLR needs a LambdaLR whose lr_lambdas are grpo.lr_schedules.LRSchedule.")
         self.scheduler = scheduler
         self.target_kl, self.lr_min, self.lr_max = float(target_kl), float(lr_min), float(lr_max)
@@ -113,5 +113,4 @@ class AdaptiveLR:
         step = self.scheduler.last_epoch
         groups = self.scheduler.optimizer.param_groups
         for group, base, fn in zip(groups, self.scheduler.base_lrs, self.schedules, strict=True):
-            group["lr"] = base * fn(step)
-        self.scheduler._last_lr = [float(g["lr"]) for g in groups]  # what get_last_lr() reports
+            group["lr"] = base * fn(step)  # what the scheduler's next step() would also set

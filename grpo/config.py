@@ -512,6 +512,12 @@ class GRPOConfig:
             )
         if "mini_batch_size" in overrides:  # the caller's mini-batch size replaces the recipe's count
             values.pop("num_mini_batches", None)
+        if (  # a recipe whose adaptive rate only falls from its start: so does the caller's start
+            "learning_rate" in overrides
+            and "adaptive_lr_max" not in overrides
+            and values.get("adaptive_lr_max") == values.get("learning_rate")
+        ):
+            values["adaptive_lr_max"] = overrides["learning_rate"]
         values.update(overrides)
         values["recipe_name"] = name
         return cls(**values)

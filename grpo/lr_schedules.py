@@ -72,20 +72,16 @@ class LRSchedule:
 
     def __call__(self, s: int) -> float:
         """c * m(s) for the 0-based optimizer step ``s``."""
-        return self.scale * self.multiplier(s)
-
-    def multiplier(self, s: int) -> float:
-        """m(s) for the 0-based optimizer step ``s`` (without ``scale``)."""
-        w = self.warmup_steps
+        w, c = self.warmup_steps, self.scale
         if s < w:
-            return (s + 1) / (w + 1)
+            return c * (s + 1) / (w + 1)
         if self.name == "constant" or self.total_steps is None:
-            return 1.0
+            return c
         p = min(max((s - w) / (self.total_steps - w), 0.0), 1.0)
         r = self.lr_min_ratio
         if self.name == "linear":
-            return r + (1.0 - r) * (1.0 - p)
-        return r + (1.0 - r) * 0.5 * (1.0 + math.cos(math.pi * p))
+            return c * (r + (1.0 - r) * (1.0 - p))
+        return c * (r + (1.0 - r) * 0.5 * (1.0 + math.cos(math.pi * p)))
 
     def __repr__(self) -> str:
         return (

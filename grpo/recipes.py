@@ -114,7 +114,8 @@ RECIPES: dict[str, Recipe] = {
         "benchmarks/learning.py learns without tuning; batch_size and group_size stay yours. "
         "The learning rate starts at 5e-3 and falls (to 1e-5 at the least) while optimizer steps "
         "move the policy more than the KL band allows, so a 64x64 MLP on a few samples per "
-        "step is not over-driven by the rate a few learned logits need.",
+        "step is not over-driven by the rate a few learned logits need. An overridden "
+        "learning_rate is also the ceiling (adaptive_lr_max) unless that is overridden too.",
     ),
 }
 

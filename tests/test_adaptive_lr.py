@@ -240,3 +240,13 @@ def test_off_by_default_and_no_metric() -> None:
     trainer = GRPOTrainer(GRPOConfig(group_size=4, batch_size=1), Logits(), payoff)
     assert "optim/adaptive_lr" not in trainer.step(torch.zeros(1, 1))
     assert trainer.scheduler is None
+
+
+def test_a_recipe_whose_rate_only_falls_keeps_that_for_a_new_start() -> None:
+    """small_policy's ceiling is its start (5e-3): an overridden start becomes the ceiling, unless
+    the ceiling is overridden too."""
+    assert GRPOConfig.recipe("small_policy").adaptive_lr_max == 5e-3
+    assert GRPOConfig.recipe("small_policy", learning_rate=2e-2).adaptive_lr_max == 2e-2
+    assert GRPOConfig.recipe("small_policy", learning_rate=1e-3).adaptive_lr_max == 1e-3
+    mixed = GRPOConfig.recipe("small_policy", learning_rate=1e-3, adaptive_lr_max=1e-2)
+    assert mixed.adaptive_lr_max == 1e-2
