@@ -18,7 +18,7 @@ import argparse
 import torch
 
 from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
-from grpo.distributed import get_world_size, is_main_process
+from grpo.distributed import get_world_size, is_main_process, shutdown
 
 
 def main() -> None:
@@ -66,9 +66,7 @@ def main() -> None:
         if is_main_process() and (step % args.log_every == 0 or step == args.steps - 1):
             r, g = metrics["reward/mean"], metrics["grad/norm"]
             print(f"step {step:4d}  reward/mean {r:.3f}  grad/norm {g:.3f}")
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()  # every rank done before any tears the group down
-        torch.distributed.destroy_process_group()
+    shutdown(trainer)  # release DeepSpeed's engine, wait for every rank, destroy the process group
 
 
 if __name__ == "__main__":

@@ -451,6 +451,7 @@ class DeepSpeedBackend:
         self.stage = int(self.config["zero_optimization"]["stage"])
         engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.config)
         self.engine: Any = engine
+        self.module: nn.Module = engine.module  # the policy's module (kept after `close`)
         self.reference_engine: Any = None  # ZeRO-3: the frozen reference, partitioned too
         if torch.distributed.get_rank() == 0:
             logger.info(
@@ -563,7 +564,7 @@ class DeepSpeedBackend:
         if self.stage != 3:
             yield
             return
-        params = list(self.engine.module.parameters())
+        params = list(self.module.parameters())
         if self.reference_engine is not None:
             params += list(self.reference_engine.module.parameters())
         with _import_deepspeed().zero.GatheredParameters(params, modifier_rank=None):
@@ -573,3 +574,35 @@ class DeepSpeedBackend:
         """Clear the module's gradients (DeepSpeed clears its own buffers after each step)."""
         self._loss = None
         self.engine.zero_grad()
+
+    def close(self) -> None:
+        """Release what DeepSpeed keeps outside this object, so that the engines, the policy and
+        the process groups they hold are freed while the interpreter still runs.
+
+        ``engine.destroy()`` removes most of the engines' hooks (the module's forward hooks, which
+        reference the engine, are removed here); ZeRO-3 also leaves its top module on the
+        module-global ``FWD_MODULE_STACK`` of ``deepspeed.runtime.zero.parameter_offload``, and
+        ``deepspeed.utils.groups`` keeps the world group. Anything still alive at exit is freed
+        during interpreter finalisation, where gloo's threads can abort a process after all its
+        work is done (SIGABRT, "terminate called without an active exception"). The backend is
+        unusable afterwards; closing twice is a no-op.
+        """
+        engines = [e for e in (self.engine, self.reference_engine) if e is not None]
+        if not engines:
+            return
+        from deepspeed.runtime.zero import parameter_offload  # type: ignore[import-untyped,import-not-found,unused-ignore]
+        from deepspeed.utils import groups  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+        modules = {id(e.module) for e in engines}
+        for engine in engines:
+            engine.destroy()
+            for hook in ("module_forward_pre_hook", "module_forward_post_hook", "first_dataloader_check"):
+                handle = getattr(engine, hook, None)  # on the module: they would keep the engine alive
+                if handle is not None:
+                    handle.remove()
+        stack = getattr(parameter_offload, "FWD_MODULE_STACK", [])
+        stack[:] = [m for m in stack if id(m) not in modules]
+        if hasattr(groups, "_WORLD_GROUP"):
+            groups._WORLD_GROUP = None
+        self.engine = self.reference_engine = None
+        self._loss = None

@@ -43,7 +43,8 @@ Sizes in `GRPOConfig` (``batch_size``, ``mini_batch_size``, ``micro_batch_size``
 process*; the global batch is ``world_size * batch_size`` states and one optimizer step consumes
 ``world_size * mini_batch_size`` groups (each rank shuffles its own groups into mini-batches).
 
-`is_main_process` tells the one rank that should write checkpoints and logs.
+`is_main_process` tells the one rank that should write checkpoints and logs; `shutdown` ends a
+run on every rank.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ __all__ = [
     "reseed_other_ranks",
     "setup_distributed",
     "shard",
+    "shutdown",
 ]
 
 logger = logging.getLogger(__name__)
@@ -123,6 +125,25 @@ def barrier() -> None:
     """Wait for every rank (no-op on a single process)."""
     if is_distributed():
         torch.distributed.barrier()
+
+
+def shutdown(*trainers: Any) -> None:
+    """End a distributed run: release each trainer (`GRPOTrainer.close`), wait for every rank,
+    then destroy the default process group if one is initialised (on a single process without one
+    it only releases the trainers).
+
+    Call it last, on every rank. A process group still referenced when the interpreter exits is
+    freed during finalisation, where gloo's worker threads can abort the process after all its
+    work is done (SIGABRT, "terminate called without an active exception"; DeepSpeed ZeRO-3 keeps
+    the policy and its groups referenced from module globals until the trainer is closed). A
+    ZeRO-3 policy's partitioned parameters reference the groups too: let the script's last
+    reference to the policy go before exit (train inside a function, or ``del`` it).
+    """
+    for trainer in trainers:
+        trainer.close()
+    if _initialised():
+        torch.distributed.barrier()  # every rank done before any tears the group down
+        torch.distributed.destroy_process_group()
 
 
 def main_process_only(fn: Callable[[], _T], fallback: _T) -> _T:

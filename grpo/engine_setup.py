@@ -273,7 +273,7 @@ def reference_module(reference: PolicyModel | None, deepspeed: DeepSpeedBackend 
         module = training_module(reference)
     except TypeError:
         return None
-    if deepspeed is not None and module is deepspeed.engine.module:
+    if deepspeed is not None and module is deepspeed.module:
         return None
     return module
 
@@ -304,7 +304,7 @@ def refresh_reference(
                 f"but {type(reference).__name__} has none (no training_module()). "
                 f"Set reference_update_freq=None."
             )
-        copy_partitioned_weights(deepspeed.engine.module, target)
+        copy_partitioned_weights(deepspeed.module, target)
         return reference
     sharded = _fsdp_module(policy)
     if sharded is not None:  # FSDP: gather the full weights on every rank into the whole copy

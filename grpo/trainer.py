@@ -354,6 +354,13 @@ class GRPOTrainer(TrainerStateMixin):
         self.reference_policy = refresh_reference(self.policy, self.reference_policy, self._deepspeed)
         self.collector.reference_policy = self.reference_policy
 
+    def close(self) -> None:
+        """Release what the trainer holds outside itself (DeepSpeed's engines, hooks and groups; see
+        `grpo.deepspeed_engine.DeepSpeedBackend.close`); a no-op without DeepSpeed. The trainer
+        cannot step afterwards. `grpo.distributed.shutdown` calls it before destroying the group."""
+        if self._deepspeed is not None:
+            self._deepspeed.close()
+
     # ---- training loop (grpo.training_loop) ---------------------------------------------
     def evaluate(self, states: Any, *, seed: int | None = None, **generate_kwargs: Any) -> dict[str, float]:
         """Mean reward of G sampled actions per state; no update, no weight change, RNGs untouched.

@@ -209,6 +209,45 @@ def test_a_policy_partitioned_by_an_earlier_trainer_cannot_be_copied_for_the_ref
             trainer(0.1)
 
 
+@pytest.mark.usefixtures("own_process_group")
+@pytest.mark.parametrize("kl", [0.0, 0.1])
+def test_close_frees_the_engines_before_the_interpreter_exits(tmp_path: Path, kl: float) -> None:
+    """`GRPOTrainer.close` (called by `grpo.distributed.shutdown`) leaves nothing of a ZeRO-3 run
+    referenced from DeepSpeed's module globals: once the script drops the trainer and the policy,
+    the engines (policy and partitioned reference) are freed, so no process group is left for
+    interpreter finalisation to tear down (where gloo can abort the process); `shutdown` then
+    destroys the group. Without close, DeepSpeed's forward stack keeps the policy alive forever."""
+    import gc
+    import weakref
+
+    from deepspeed.runtime.zero import parameter_offload
+    from deepspeed.utils import groups
+
+    from grpo import GRPOTrainer, categorical_mlp
+    from grpo.distributed import shutdown
+
+    cfg = tmp_path / "zero3.json"
+    cfg.write_text(json.dumps(ZERO_CONFIGS["zero3"]))
+    policy = categorical_mlp(4, 3, (8,))
+    config = GRPOConfig(group_size=4, batch_size=2, deepspeed=str(cfg), kl_coeff=kl)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = GRPOTrainer(config, policy, lambda s, a: (a == 0).float())
+        trainer.step(torch.randn(2, 4))
+    assert trainer._deepspeed is not None
+    engines = [weakref.ref(e) for e in (trainer._deepspeed.engine, trainer._deepspeed.reference_engine) if e]
+    assert len(engines) == (2 if kl else 1)
+    assert any(m is policy for m in parameter_offload.FWD_MODULE_STACK)  # DeepSpeed's own hold
+    shutdown(trainer)
+    assert not any(m is policy for m in parameter_offload.FWD_MODULE_STACK)
+    assert groups._WORLD_GROUP is None
+    assert not torch.distributed.is_initialized()
+    trainer.close()  # twice: a no-op
+    del trainer, policy  # the script's own references (ZeRO-3 parameters reference the engine)
+    gc.collect()
+    assert [e() for e in engines] == [None] * len(engines)
+
+
 def test_the_head_run_as_forward_leaves_the_modules_own_forward_in_place() -> None:
     """The ZeRO-3 head call replaces the module's forward for one call only, restoring an
     instance-level forward another library installed (accelerate's hooks do that)."""

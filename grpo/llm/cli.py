@@ -40,7 +40,7 @@ import torch
 
 from grpo.callbacks import Callback, TrainState
 from grpo.config import GRPOConfig
-from grpo.distributed import get_world_size, is_main_process, main_process_only, rank_batches
+from grpo.distributed import get_world_size, is_main_process, main_process_only, rank_batches, shutdown
 from grpo.llm._deps import require
 from grpo.llm.data import PromptDataset
 from grpo.llm.policy import CausalLMPolicy
@@ -445,6 +445,7 @@ def train(args: argparse.Namespace) -> dict[str, float]:
         metrics = state.history[-1] if state.history else {}
         final = out_dir / "final_model"
         _save(policy, final, trainer.step_count, args, metrics)
+    trainer.close()  # DeepSpeed's engines and groups are freed now, not at interpreter exit
     logger.info(
         "done: %d steps in %.1f s; final model in %s",
         trainer.step_count,
@@ -461,6 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     args = parse_args(argv)
     train(args)
+    shutdown()  # every rank done, then the process group is destroyed (no-op on one process)
     return 0
 
 
