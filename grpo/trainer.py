@@ -272,7 +272,9 @@ class GRPOTrainer(TrainerStateMixin):
     def _check_lockstep(self, states: Any) -> None:
         """ZeRO-3 on several processes: every forward all-gathers weights, so all ranks must run
         the same forwards; refuse different numbers of states before any of them (a clear error
-        on every rank instead of a hang)."""
+        on every rank instead of a hang). A closed trainer refuses to step at all."""
+        if self._deepspeed is not None and self._deepspeed.engine is None:
+            raise RuntimeError("this trainer was closed (close / grpo.distributed.shutdown); build a new one")
         if self.distributed is None or self.deepspeed_stage != 3:
             return
         try:

@@ -243,6 +243,8 @@ def test_close_frees_the_engines_before_the_interpreter_exits(tmp_path: Path, kl
     assert groups._WORLD_GROUP is None
     assert not torch.distributed.is_initialized()
     trainer.close()  # twice: a no-op
+    with pytest.raises(RuntimeError, match=r"this trainer was closed \(close / grpo.distributed.shutdown\)"):
+        trainer.step(torch.randn(2, 4))
     del trainer, policy  # the script's own references (ZeRO-3 parameters reference the engine)
     gc.collect()
     assert [e() for e in engines] == [None] * len(engines)
