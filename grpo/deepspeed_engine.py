@@ -69,6 +69,7 @@ __all__ = [
     "cpu_adam",
     "deepspeed_config_from",
     "gathered_state_dict",
+    "import_deepspeed",
     "is_partitioned",
     "model_hidden_size",
     "offloads_optimizer",
@@ -236,7 +237,11 @@ def prepare_deepspeed_config(
     return cfg
 
 
-def _import_deepspeed() -> Any:
+def import_deepspeed() -> Any:
+    """The ``deepspeed`` module (and its Adam ops), or an ImportError that says how to install it.
+
+    Import it before the process group exists: imported after, it keeps the group referenced
+    until interpreter exit (see `grpo.distributed.shutdown`); the trainer does so."""
     try:
         import deepspeed  # type: ignore[import-untyped,import-not-found,unused-ignore]
         import deepspeed.ops.adam  # type: ignore[import-untyped,import-not-found,unused-ignore]
@@ -261,7 +266,7 @@ def cpu_adam(params: Sequence[Tensor], lr: float, weight_decay: float) -> torch.
     AdamW mode (decoupled weight decay, betas (0.9, 0.999), eps 1e-8, as ``torch.optim.AdamW``),
     which steps the offloaded fp32 partitions on the CPU with vectorised C++ (JIT-built on first
     use). DeepSpeed refuses a plain torch optimizer with offload."""
-    adam = _import_deepspeed().ops.adam.DeepSpeedCPUAdam
+    adam = import_deepspeed().ops.adam.DeepSpeedCPUAdam
     opt: torch.optim.Optimizer = adam(params, lr=lr, weight_decay=weight_decay, adamw_mode=True)
     return opt
 
@@ -311,7 +316,7 @@ def gathered_state_dict(module: nn.Module) -> dict[str, Tensor] | None:
     submodule's full weights at a time besides the result). Tied parameters stay one tensor under
     all their names, as ``save_pretrained`` expects. Buffers are not partitioned and are copied.
     """
-    deepspeed = _import_deepspeed()
+    deepspeed = import_deepspeed()
     rank0 = torch.distributed.get_rank() == 0
     gathered: dict[int, Tensor] = {}  # id(parameter) -> full CPU copy (rank 0; tied weights share it)
     seen: set[int] = set()
@@ -338,7 +343,7 @@ def copy_partitioned_weights(source: nn.Module, target: nn.Module) -> None:
     structure (the policy and its reference copy). Every process must call it: one submodule at
     a time, the source's weights are gathered, copied into the gathered target's, and rank 0's
     copy is partitioned again (DeepSpeed's ``GatheredParameters(modifier_rank=0)``)."""
-    deepspeed = _import_deepspeed()
+    deepspeed = import_deepspeed()
     sources = dict(source.named_modules())
     for name, sub in target.named_modules():
         own = list(sub.named_parameters(recurse=False))
@@ -429,7 +434,7 @@ class DeepSpeedBackend:
         scheduler: Any = None,
         sync: DistributedSync | None = None,
     ) -> None:
-        deepspeed = _import_deepspeed()
+        deepspeed = import_deepspeed()
         self.scheduler = scheduler
         self.sync = sync
         self._loss: Tensor | None = None  # the optimizer step's loss so far (this rank)
@@ -551,7 +556,7 @@ class DeepSpeedBackend:
             raise ValueError("partition_reference is for ZeRO stage 3 only.")
         zero = {k: v for k, v in self.config["zero_optimization"].items() if not k.startswith("offload_opt")}
         cfg = {**self.config, "zero_optimization": zero}
-        engine, *_ = _import_deepspeed().initialize(model=module, config=cfg)
+        engine, *_ = import_deepspeed().initialize(model=module, config=cfg)
         engine.eval()
         self.reference_engine = engine
 
@@ -567,7 +572,7 @@ class DeepSpeedBackend:
         params = list(self.module.parameters())
         if self.reference_engine is not None:
             params += list(self.reference_engine.module.parameters())
-        with _import_deepspeed().zero.GatheredParameters(params, modifier_rank=None):
+        with import_deepspeed().zero.GatheredParameters(params, modifier_rank=None):
             yield
 
     def zero_grad(self) -> None:

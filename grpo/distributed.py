@@ -49,6 +49,7 @@ run on every rank.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import random
@@ -229,6 +230,10 @@ def init_from_env(device: torch.device) -> bool:
             f"torch.distributed. Install a torch build with distributed support."
         )
     backend = "nccl" if device.type == "cuda" else "gloo"
+    # torch._dynamo imported *after* the group exists keeps it referenced until interpreter exit
+    # (torch 2.13; any torch optimizer imports it), so that destroy_process_group() cannot free it
+    # and gloo can abort the process at exit (see `shutdown`). Imported first, it does not.
+    importlib.import_module("torch._dynamo")
     torch.distributed.init_process_group(backend=backend)
     logger.info(
         "initialised torch.distributed (%s): rank %d of %d",

@@ -32,6 +32,7 @@ from grpo.deepspeed_engine import (
     copy_partitioned_weights,
     cpu_adam,
     deepspeed_config_from,
+    import_deepspeed,
     offloads_optimizer,
     policy_is_partitioned,
     training_module,
@@ -88,6 +89,8 @@ def join_processes(config: GRPOConfig) -> tuple[torch.device, DistributedSync | 
     """The device, and the process group under torchrun (None on one process); seeds the global
     RNGs with ``seed + rank`` so that ranks sample different actions."""
     device = resolve_device(config.device)
+    if deepspeed_config_from(config.deepspeed) is not None:
+        import_deepspeed()  # before the group exists (imported after, it holds the group until exit)
     sync = setup_distributed(config.distributed, device)
     rank = 0
     if sync is not None:

@@ -63,11 +63,8 @@ def ds_worker(rank: int, world: int, out: Path) -> None:
     rows = slice(rank * LOCAL_B, (rank + 1) * LOCAL_B)
     res: dict[str, Any] = {}
     for label, config in ZERO_CONFIGS.items():
-        path = out / f"{label}.json"
-        if rank == 0:
-            path.write_text(json.dumps(config))
-        if torch.distributed.is_initialized():
-            torch.distributed.barrier()
+        path = out / f"{label}-rank{rank}.json"  # each rank its own: read before the group exists
+        path.write_text(json.dumps(config))
         for name in DS_SCENARIOS:
             assert name in SCENARIOS
             with warnings.catch_warnings():
@@ -249,3 +246,30 @@ def hung_build_worker(rank: int, world: int, out: Path) -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     (out / f"hung-rank{rank}.json").write_text(json.dumps({"worker": os.getpid(), "child": child.pid}))
     time.sleep(600)
+
+
+def shutdown_worker(rank: int, world: int, out: Path) -> None:
+    """A trainer (DeepSpeed ZeRO-3 when ``out/zero3.json`` exists, else the trainer's own sync)
+    takes a step, then `grpo.distributed.shutdown`; once the script lets the trainer and the policy
+    go, no gloo thread may be left for interpreter exit. Writes ``threads-rank{r}.json``: the
+    names of this process's threads then, and whether the group is still initialised."""
+    import gc
+
+    from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+    from grpo.distributed import shutdown
+
+    ds = out / "zero3.json"
+    config = GRPOConfig(group_size=4, batch_size=2, seed=0, deepspeed=str(ds) if ds.exists() else "off")
+    policy = categorical_mlp(4, 3, (8,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = GRPOTrainer(config, policy, lambda s, a: (a == 0).float())
+        trainer.step(torch.randn(2, 4))
+    assert (trainer.deepspeed_stage == 3) is ds.exists()
+    shutdown(trainer)
+    del trainer, policy
+    gc.collect()
+    tasks = Path("/proc/self/task")
+    names = [(t / "comm").read_text().strip() for t in tasks.iterdir()] if tasks.exists() else []
+    report = {"threads": names, "initialised": torch.distributed.is_initialized()}
+    (out / f"threads-rank{rank}.json").write_text(json.dumps(report))
