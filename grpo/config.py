@@ -316,6 +316,22 @@ class GRPOConfig:
         default=1e-2, metadata=_help("Largest learning rate adaptive_lr_kl may set (>= adaptive_lr_min).")
     )
 
+    reward_shift_z: float | None = field(
+        default=None,
+        metadata=_help(
+            "z: restart from the starting weights when the mean reward "
+            "falls more than z standard deviations of its fast average while the policy stands still "
+            "(mean kl/old < reward_shift_kl over 10 steps): a non-stationary task changed (rule in "
+            "grpo.reward_shift). Needs more than one optimizer step per update. None = off (> 0)."
+        ),
+    )
+    reward_shift_kl: float = field(
+        default=1e-3,
+        metadata=_help(
+            "Mean kl/old over 10 steps below which reward_shift_z counts the policy as settled (> 0)."
+        ),
+    )
+
     # --- algorithm variants ---
     recipe_name: str | None = field(
         default=None,
@@ -635,6 +651,16 @@ class GRPOConfig:
         ):
             raise bad("lr_min_ratio", "expected a number in [0, 1]")
         self._check_adaptive_lr(bad, check_float)
+        check_float("reward_shift_kl", 0.0, False, finite=True)
+        if self.reward_shift_z is not None:
+            check_float("reward_shift_z", 0.0, False, finite=True)
+            if self.optimizer_steps_per_step < 2:
+                raise bad(
+                    "reward_shift_z",
+                    f"it tells a settled policy by kl/old, which is exactly 0 with one optimizer step "
+                    f"per update (optimizer_steps_per_step={self.optimizer_steps_per_step})",
+                    " Use num_epochs_per_update > 1 or num_mini_batches > 1, or reward_shift_z=None.",
+                )
         self._check_variants(bad, check_float)
         # --- reliability checks ---
         if self.non_finite not in NON_FINITE_POLICIES:

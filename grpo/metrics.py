@@ -211,6 +211,14 @@ METRICS: tuple[Metric, ...] = (
         "`grpo.adaptive_lr`). Absent otherwise.",
     ),
     _m(
+        "restart/reward_shift",
+        "global",
+        "optional",
+        "With `GRPOConfig.reward_shift_z`: 1 on the step after which the policy was restarted from "
+        "its starting weights because the rewards fell while it stood still (a non-stationary task "
+        "changed; rule in `grpo.reward_shift`), else 0. Absent otherwise.",
+    ),
+    _m(
         "optim/lr",
         "global",
         "train",

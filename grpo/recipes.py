@@ -109,13 +109,16 @@ RECIPES: dict[str, Recipe] = {
             "clip_epsilon": 0.2,
             "loss_aggregation": "token-mean",  # each env step weighs the same
             "gamma": 0.99,  # per-step rewards: returns-to-go
+            "reward_shift_z": 4.0,  # restart when the task changes under a settled policy (grpo.reward_shift)
         },
         "Not from a paper: chosen so that every bandit and classic-control task of "
         "benchmarks/learning.py learns without tuning; batch_size and group_size stay yours. "
         "The learning rate starts at 5e-3 and falls (to 1e-5 at the least) while optimizer steps "
         "move the policy more than the KL band allows, so a 64x64 MLP on a few samples per "
         "step is not over-driven by the rate a few learned logits need. An overridden "
-        "learning_rate is also the ceiling (adaptive_lr_max) unless that is overridden too.",
+        "learning_rate is also the ceiling (adaptive_lr_max) unless that is overridden too. "
+        "A settled policy whose rewards fall (the task changed) restarts from its starting "
+        "weights (reward_shift_z; not with FSDP or DeepSpeed).",
     ),
 }
 

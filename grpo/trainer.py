@@ -48,6 +48,7 @@ from grpo.metrics import StepCounts
 from grpo.policy_base import EntropyRequest, PolicyModel, has_method
 from grpo.policy_losses import PolicyLossFn
 from grpo.reward_model_base import RewardModel
+from grpo.reward_shift import RewardShiftRestart
 from grpo.stall_watch import StallWatch
 from grpo.trainer_state import TrainerStateMixin
 from grpo.update import UpdateParts, run_update
@@ -133,7 +134,11 @@ class GRPOTrainer(TrainerStateMixin):
         self.step_count = 0
         self._warned_nothing_to_train = self._warned_batch_size = False
         self.stall_watch = StallWatch.from_config(config, self.optimizer)  # grpo/stall_watch.py
+        shard = config.fsdp or self._deepspeed is not None
+        self.reward_shift = RewardShiftRestart.from_config(config, self.params, sharded=shard)
         self._checkpoint_components: dict[str, Any] = {}
+        if self.reward_shift is not None:  # its state (the starting weights too) is checkpointed
+            self._checkpoint_components["reward_shift"] = self.reward_shift
 
     def _update_parts(self) -> UpdateParts | None:
         """The parts of the update (None when there is nothing to train)."""
@@ -243,7 +248,11 @@ class GRPOTrainer(TrainerStateMixin):
         if self.backend is not None:
             counts = StepCounts(float(batch.num_samples), float(batch.num_groups), valid_steps)
             metrics = self.backend.reduce_metrics(metrics, counts)
-        return self.stall_watch.observe(metrics)  # warns (StallWarning) when learning has stalled
+        metrics = self.stall_watch.observe(metrics)  # warns (StallWarning) when learning has stalled
+        if self.reward_shift is not None:  # restarts on a shift of the task (grpo/reward_shift.py)
+            world = 1 if self.distributed is None else self.distributed.world_size
+            metrics = self.reward_shift.observe(metrics, batch.num_samples * world)
+        return metrics
 
     def _run_update(self, batch: ExperienceBatch, adv: Advantages) -> tuple[dict[str, float], float]:
         if self._update is None:

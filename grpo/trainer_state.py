@@ -107,9 +107,9 @@ class TrainerStateMixin:
                 f"register_checkpoint_state({name!r}, ...) needs an object with state_dict() and "
                 f"load_state_dict(); {type(obj).__name__} lacks them."
             )
-        if name == "advantage_estimator":
+        if name in ("advantage_estimator", "reward_shift"):
             raise ValueError(
-                "register_checkpoint_state: 'advantage_estimator' is the trainer's own; choose another name."
+                f"register_checkpoint_state: {name!r} is the trainer's own; choose another name."
             )
         self._checkpoint_components[name] = obj
 

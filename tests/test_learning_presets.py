@@ -2,14 +2,14 @@
 
 The tasks and their metrics are defined in ``benchmarks/bandit_tasks.py`` (run side by side with
 their classic peers by ``benchmarks/learning.py``). Thresholds, with margin below what the preset
-measures and above uniform arms. The preset does not yet match its peer on the non-stationary
-bandit (issue 19 stays open for that; benchmarks/RESULTS.md, "Small policies"):
+measures and above uniform arms (benchmarks/RESULTS.md, "Small policies"):
 
 - bandit50 (50 Bernoulli arms, best 0.9, others U(0, 0.8), 300 steps of G pulls): the best arm's
   probability > 0.5 (uniform 0.02; Thompson sampling with the same pulls 0.94-0.99);
 - nonstationary (10 drifting, switching arms, 450 rounds): expected reward / the oracle's at least
-  0.08 above uniform arms' (preset 0.12-0.13 above uniform's 0.45-0.47; ``GRPOConfig()``'s
-  defaults 0.00; eps-greedy 0.38 above);
+  0.3 above uniform arms' (preset 0.84-0.86, 0.38-0.39 above uniform's 0.45-0.47, with its restart
+  on a reward shift; 0.58-0.60 without it; ``GRPOConfig()``'s defaults 0.00 above; eps-greedy
+  0.83-0.89);
 - contextual (the quick start's bandit with ``categorical_mlp``, 300 steps): normalised reward
   (0 = random arms, 1 = oracle) > 0.8 (preset 0.89-0.92, with its adaptive learning rate; 0.67-0.76
   without; ``GRPOConfig()``'s defaults 0.41-0.43; a hand-written GRPO loop 0.88-0.92).
@@ -67,7 +67,7 @@ def test_small_policy_finds_the_best_of_50_arms(seed: int) -> None:
 def test_small_policy_tracks_a_nonstationary_bandit(seed: int) -> None:
     got = bt.nonstationary_grpo(preset(seed), seed)["metric"]
     uniform = bt.nonstationary_uniform(seed)["metric"]
-    assert got - uniform >= 0.08, f"fraction of the oracle {got:.3f}, uniform arms {uniform:.3f}"
+    assert got - uniform >= 0.3, f"fraction of the oracle {got:.3f}, uniform arms {uniform:.3f}"
 
 
 @pytest.mark.slow

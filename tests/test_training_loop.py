@@ -284,11 +284,12 @@ def test_optional_glossary_keys_appear_exactly_when_their_option_is_on() -> None
         "sampler/is_weight_mean",
         "sampler/is_frac_capped",
         "optim/adaptive_lr",
+        "restart/reward_shift",
     }
     always = set(glossary_keys())
     on = make_trainer(
         drop_zero_variance_groups=True, invalid_rewards="drop_groups", sampler_is_cap=2.0,
-        adaptive_lr_kl=0.01, num_epochs_per_update=2,
+        adaptive_lr_kl=0.01, num_epochs_per_update=2, reward_shift_z=4.0,
     )  # fmt: skip
     logged = set(on.step(bandit_states(4))) | set(on.evaluate(bandit_states(4)))
     assert optional <= logged

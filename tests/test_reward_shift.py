@@ -1,0 +1,237 @@
+"""Restart on a reward shift (GRPOConfig.reward_shift_z, grpo.reward_shift): the statistics and
+the decision against the module docstring's formulas written again here; what a restart does; no
+restart while the policy moves or when rewards rise; checkpoints; bad states; config errors; a
+trainer on a bandit whose best arm switches."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from grpo import DistributionPolicy, GRPOConfig, GRPOTrainer
+from grpo.reward_shift import RewardShiftRestart, shift_score
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def without_start(state: dict[str, object]) -> dict[str, object]:
+    return {k: v for k, v in state.items() if k != "start"}
+
+
+def step(r: float, s: float = 0.4, kl: float = 1e-4) -> dict[str, float]:
+    return {"reward/mean": r, "reward/std": s, "kl/old": kl}
+
+
+def test_shift_score_by_hand() -> None:
+    # noise = 0.4 * sqrt(0.3 / 1.7) / sqrt(16) = 0.0420084; drop 0.3 -> 7.1414
+    assert shift_score(0.5, 0.8, 0.4, 16) == pytest.approx(0.3 / (0.4 * math.sqrt(0.3 / 1.7) / 4), rel=1e-12)
+    assert shift_score(0.5, 0.8, 0.4, 16) == pytest.approx(7.1414, abs=1e-3)
+    assert shift_score(0.9, 0.8, 0.4, 16) == 0.0  # a rise is no shift
+    assert shift_score(0.5, 0.8, 0.0, 16) == math.inf
+
+
+def test_the_statistics_and_the_decision_follow_the_documented_rule() -> None:
+    """300 random steps (rewards, spreads and KLs drawn so that restarts happen): fast / slow /
+    spread, the KL window and every decision equal the docstring's recursions computed here."""
+    rng = random.Random(0)
+    w = nn.Parameter(torch.zeros(3))
+    watch = RewardShiftRestart([w], z=3.0, settled_kl=1e-3)
+    fast = slow = spread = math.nan
+    kls: list[float] = []
+    n_seen, cooldown, fired_at = 0, 0, []
+    for t in range(300):
+        r = rng.choice([0.8, 0.3]) if t % 60 > 40 else 0.8 + rng.gauss(0, 0.02)
+        s, kl = abs(rng.gauss(0.3, 0.05)), rng.choice([1e-4] * 9 + [5e-3])
+        if n_seen == 0:
+            fast = slow = r
+            spread = s
+        fast += 0.3 * (r - fast)
+        slow += 0.05 * (r - slow)
+        spread += 0.05 * (s - spread)
+        kls = [*kls, kl][-10:]
+        n_seen += 1
+        cooldown = max(cooldown - 1, 0)
+        noise = spread * math.sqrt(0.3 / 1.7) / math.sqrt(8)
+        expect = len(kls) == 10 and sum(kls) / 10 < 1e-3 and cooldown == 0 and (slow - fast) / noise > 3.0
+        with torch.no_grad():
+            w.add_(1.0)  # the policy moves between steps
+        got = watch.observe(step(r, s, kl), num_samples=8)["restart/reward_shift"]
+        assert got == float(expect), t
+        if expect:
+            fired_at.append(t)
+            assert torch.equal(w, torch.zeros(3))  # back to the starting weights
+            fast = slow = spread = math.nan
+            kls, n_seen, cooldown = [], 0, 20
+        else:
+            assert (watch.fast, watch.slow, watch.spread) == pytest.approx((fast, slow, spread), rel=1e-12)
+            assert watch.kl == pytest.approx(kls)
+    assert len(fired_at) >= 2  # the test exercised restarts
+    assert watch.restarts == len(fired_at)
+
+
+def test_a_drop_of_a_settled_policy_restarts_it_once() -> None:
+    w = nn.Parameter(torch.tensor([1.0, -2.0]))
+    watch = RewardShiftRestart([w])
+    with torch.no_grad():
+        w.copy_(torch.tensor([5.0, 7.0]))  # learned since the start
+    for _ in range(30):
+        assert watch.observe(step(0.8), 8)["restart/reward_shift"] == 0.0
+    flags = [watch.observe(step(0.2), 8)["restart/reward_shift"] for _ in range(30)]
+    assert flags.count(1.0) == 1  # the statistics start again and wait 10 steps, the cooldown 20
+    assert flags.index(1.0) <= 2  # within a few steps of the drop
+    assert torch.equal(w, torch.tensor([1.0, -2.0]))
+    assert watch.restarts == 1
+
+
+@pytest.mark.parametrize(
+    ("rewards", "kl"),
+    [
+        ([0.8] * 30 + [0.2] * 30, 5e-3),  # the policy is moving (learning): a drop is its own doing
+        ([0.2] * 30 + [0.8] * 30, 1e-4),  # a rise
+        ([0.8] * 60, 1e-4),  # nothing changes
+    ],
+)
+def test_no_restart_while_the_policy_moves_or_rewards_rise(rewards: list[float], kl: float) -> None:
+    w = nn.Parameter(torch.ones(2))
+    watch = RewardShiftRestart([w])
+    with torch.no_grad():
+        w.mul_(3.0)
+    flags = [watch.observe(step(r, kl=kl), 8)["restart/reward_shift"] for r in rewards]
+    assert flags == [0.0] * len(rewards)
+    assert torch.equal(w, torch.full((2,), 3.0))
+
+
+def test_steps_without_the_metrics_leave_the_statistics_alone() -> None:
+    watch = RewardShiftRestart([nn.Parameter(torch.ones(1))])
+    watch.observe(step(0.5), 8)
+    before = watch.state_dict()
+    out = watch.observe({"reward/mean": 0.1, "reward/std": 0.2}, 8)  # no kl/old: nothing optimised
+    assert out["restart/reward_shift"] == 0.0
+    watch.observe({"reward/mean": float("nan"), "reward/std": 0.2, "kl/old": 0.0}, 8)
+    after = watch.state_dict()
+    assert without_start(after) == without_start(before)
+
+
+# ---- checkpoints ---------------------------------------------------------------------------------
+def test_state_dict_round_trip_and_bad_states_change_nothing() -> None:
+    w = nn.Parameter(torch.tensor([0.5, 1.5]))
+    a = RewardShiftRestart([w])
+    for r in (0.8, 0.7, 0.9):
+        a.observe(step(r), 8)
+    state = a.state_dict()
+    b = RewardShiftRestart([nn.Parameter(torch.zeros(2))])
+    b.load_state_dict(state)
+    assert b.state_dict()["start"][0].tolist() == [0.5, 1.5]
+    assert {k: v for k, v in b.state_dict().items() if k != "start"} == {
+        k: v for k, v in state.items() if k != "start"
+    }
+    good = b.state_dict()
+    bad_states = [
+        ({**state, "steps": -1}, r"'steps' must be an int >= 0"),
+        ({**state, "fast": math.inf}, r"'fast' must be a finite number or NaN"),
+        ({**state, "kl": [0.0] * 11}, r"'kl' must be a list of at most 10 numbers"),
+        ({**state, "kl": [math.nan]}, r"'kl' must hold finite numbers"),
+        ({**state, "start": [torch.zeros(3)]}, r"start\[0\] must be a torch.float32 tensor of shape \(2,\)"),
+        ({**state, "start": [torch.tensor([0.0, math.nan])]}, r"start\[0\] holds NaN or inf"),
+        ({**state, "start": []}, r"'start' must hold 1 tensors"),
+        ({k: v for k, v in state.items() if k != "slow"}, r"expected the keys"),
+    ]
+    for bad, message in bad_states:
+        with pytest.raises(ValueError, match=message):
+            b.load_state_dict(bad)
+        now = b.state_dict()
+        assert torch.equal(now["start"][0], good["start"][0])
+        assert without_start(now) == without_start(good)
+
+
+class ArmLogits(nn.Module):
+    def __init__(self, arms: int) -> None:
+        super().__init__()
+        self.theta = nn.Parameter(torch.zeros(arms))
+
+    def forward(self, states: Tensor) -> torch.distributions.Categorical:
+        return torch.distributions.Categorical(logits=self.theta.expand(states.shape[0], -1))
+
+
+def switching_reward(switch_at: int) -> tuple[list[int], object]:
+    """Bernoulli arms: arm 0 pays with probability 0.8, arm 3 with 0.4, the others 0.1, for the
+    first ``switch_at`` steps; then arm 0 pays 0.4 and arm 3 0.9."""
+    calls = [0]
+    gen = torch.Generator().manual_seed(7)
+
+    def reward(states: Tensor, actions: Tensor) -> Tensor:
+        calls[0] += 1
+        p = torch.tensor([0.8, 0.1, 0.1, 0.4, 0.1] if calls[0] <= switch_at else [0.4, 0.1, 0.1, 0.9, 0.1])
+        return (torch.rand(actions.shape, generator=gen) < p[actions]).float()
+
+    return calls, reward
+
+
+def trainer(reward: object, **overrides: object) -> GRPOTrainer:
+    config = GRPOConfig.recipe("small_policy", **{"group_size": 8, "batch_size": 1, "seed": 0, **overrides})
+    return GRPOTrainer(config, DistributionPolicy(ArmLogits(5)), reward)  # type: ignore[arg-type]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_preset_follows_a_switch_that_it_would_miss_without_the_restart(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The best arm switches at step 120: with the preset's restart the policy prefers the new
+    arm by step 240 (measured 0.97); without it (reward_shift_z=None) it is still mostly on the old one."""
+    probs = {}
+    for z in (4.0, None):
+        _, reward = switching_reward(120)
+        tr = trainer(reward, reward_shift_z=z)
+        restarts = []
+        for _ in range(240):
+            restarts.append(tr.step(torch.zeros(1, 1)).get("restart/reward_shift"))
+        probs[z] = torch.softmax(tr.policy.net.theta.detach(), 0)
+        if z is None:
+            assert set(restarts) == {None}  # the metric is absent when the rule is off
+        else:
+            assert restarts.count(1.0) == 1
+            assert 120 <= restarts.index(1.0) < 130  # within a few steps of the switch
+    assert probs[4.0][3] > 0.9, probs[4.0]
+    assert probs[None][3] < 0.5, probs[None]  # measured 0.33: still mostly on the old arm (0.65)
+    assert "reward shift: the mean reward fell" in caplog.text
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_checkpoint_keeps_the_starting_weights_and_the_statistics(tmp_path: Path) -> None:
+    _, reward = switching_reward(10_000)
+    tr = trainer(reward)
+    for _ in range(12):
+        tr.step(torch.zeros(1, 1))
+    path = tr.save_checkpoint(tmp_path / "ckpt")
+    _, reward2 = switching_reward(10_000)
+    other = trainer(reward2, seed=1)
+    other.load_checkpoint(path)
+    assert other.reward_shift is not None
+    assert tr.reward_shift is not None
+    a, b = tr.reward_shift.state_dict(), other.reward_shift.state_dict()
+    assert torch.equal(a["start"][0], torch.zeros(5))  # the weights the trainer started from
+    assert torch.equal(b["start"][0], a["start"][0])
+    assert {k: v for k, v in a.items() if k != "start"} == {k: v for k, v in b.items() if k != "start"}
+    assert a["steps"] == 12
+
+
+def test_config_errors() -> None:
+    with pytest.raises(ValueError, match=r"GRPOConfig.reward_shift_z=0.0 is not allowed"):
+        GRPOConfig(reward_shift_z=0.0, num_epochs_per_update=2)
+    with pytest.raises(ValueError, match=r"GRPOConfig.reward_shift_z=inf is not allowed"):
+        GRPOConfig(reward_shift_z=math.inf, num_epochs_per_update=2)
+    with pytest.raises(ValueError, match=r"GRPOConfig.reward_shift_kl=-1.0 is not allowed"):
+        GRPOConfig(reward_shift_kl=-1.0)
+    with pytest.raises(ValueError, match=r"kl/old, which is exactly 0 with one optimizer step per update"):
+        GRPOConfig(reward_shift_z=4.0)
+    with pytest.raises(ValueError, match=r"RewardShiftRestart\(z=-1\): expected a finite number > 0"):
+        RewardShiftRestart([], z=-1)
+    cfg = GRPOConfig(reward_shift_z=4.0, num_epochs_per_update=2)
+    with pytest.raises(ValueError, match=r"whole weights on every process: not with fsdp=True or DeepSpeed"):
+        RewardShiftRestart.from_config(cfg, [], sharded=True)
+    assert RewardShiftRestart.from_config(GRPOConfig(), []) is None
