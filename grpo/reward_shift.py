@@ -12,16 +12,21 @@ al. 2019); `RewardShiftRestart` does the same for any policy:
     noise_t  = spread_t * sqrt(a_f / (2 - a_f)) / sqrt(N_t)            (std of fast_t for iid
                                                                          steps of N_t samples)
     settled  = mean of kl/old over the last W = 10 steps < kappa       (the policy stands still)
-    restart  when settled and slow_t - fast_t > z * noise_t, at most once per 20 steps
+    large    = slow_t - fast_t > 0.1 (max_s r_s - min_s r_s)            (s: steps since the start
+                                                                         or the last restart)
+    restart  when settled, large and slow_t - fast_t > z * noise_t, at most once per 20 steps
 
 A drop while the policy itself barely changes (its updates move it by KL < kappa) is a change
 of the task, not of the policy: while a policy learns, its updates move it more than kappa
-(defaults kappa = 1e-3, z = 4). A restart copies the weights the trainer started from back into
-the policy; the statistics start again from the next step. The optimizer's state is kept
-(clearing Adam's moments too tracked the non-stationary bandit worse: 0.80 / 0.81 / 0.80 of the
-oracle instead of 0.84 / 0.86 / 0.85). Measured in benchmarks/RESULTS.md ("Small policies"): on the
-non-stationary 10-armed bandit it fires at the two switches and nowhere else, and on CartPole,
-Acrobot, Pendulum, the 50-armed and the contextual bandit it never fires.
+(defaults kappa = 1e-3, z = 4). The drop must also be a tenth of the range the step means have
+covered, so that a solved task whose rewards have stopped varying (CartPole at 500 in every
+episode: spread near 0) does not restart on one short episode. A restart copies the weights the
+trainer started from back into the policy; the statistics start again from the next step. The
+optimizer's state is kept (clearing Adam's moments too tracked the non-stationary bandit worse:
+0.80 / 0.81 / 0.80 of the oracle instead of 0.84 / 0.86 / 0.85). Measured in
+benchmarks/RESULTS.md ("Small policies"): on the non-stationary 10-armed bandit it fires at the
+two switches and nowhere else, and on CartPole, Acrobot, Pendulum, the 50-armed and the contextual
+bandit it never fires.
 
 ``GRPOConfig.reward_shift_z`` (None = off) turns it on; the ``small_policy`` recipe does. Its
 state, the starting weights included, is saved in checkpoints (component ``"reward_shift"``).
@@ -37,7 +42,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["COOLDOWN_STEPS", "FAST_RATE", "SETTLE_STEPS", "SLOW_RATE", "RewardShiftRestart", "shift_score"]
+__all__ = [
+    "COOLDOWN_STEPS",
+    "FAST_RATE",
+    "MIN_DROP",
+    "SETTLE_STEPS",
+    "SLOW_RATE",
+    "RewardShiftRestart",
+    "shift_score",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +58,8 @@ FAST_RATE = 0.3
 SLOW_RATE = 0.05
 SETTLE_STEPS = 10
 COOLDOWN_STEPS = 20
-_SCALARS = ("fast", "slow", "spread")
+MIN_DROP = 0.1
+_SCALARS = ("fast", "slow", "spread", "lo", "hi")
 _COUNTS = ("steps", "cooldown", "restarts")
 
 
@@ -98,7 +112,7 @@ class RewardShiftRestart:
         return cls(params, z=config.reward_shift_z, settled_kl=config.reward_shift_kl)
 
     def _reset_statistics(self) -> None:
-        self.fast = self.slow = self.spread = math.nan
+        self.fast = self.slow = self.spread = self.lo = self.hi = math.nan
         self.kl: list[float] = []
         self.steps = 0
         self.cooldown = 0
@@ -111,17 +125,19 @@ class RewardShiftRestart:
         fired = False
         if r is not None and s is not None and kl is not None and all(map(math.isfinite, (r, s, kl))):
             if self.steps == 0:
-                self.fast = self.slow = r
+                self.fast = self.slow = self.lo = self.hi = r
                 self.spread = s
             self.fast += FAST_RATE * (r - self.fast)
             self.slow += SLOW_RATE * (r - self.slow)
             self.spread += SLOW_RATE * (s - self.spread)
+            self.lo, self.hi = min(self.lo, r), max(self.hi, r)
             self.kl = [*self.kl, kl][-SETTLE_STEPS:]
             self.steps += 1
             self.cooldown = max(self.cooldown - 1, 0)
             settled = len(self.kl) == SETTLE_STEPS and sum(self.kl) / SETTLE_STEPS < self.settled_kl
             score = shift_score(self.fast, self.slow, self.spread, num_samples)
-            if settled and self.cooldown == 0 and score > self.z:
+            large = self.slow - self.fast > MIN_DROP * (self.hi - self.lo)
+            if settled and self.cooldown == 0 and score > self.z and large:
                 self._restart(score)
                 fired = True
         metrics["restart/reward_shift"] = float(fired)

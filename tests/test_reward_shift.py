@@ -41,23 +41,25 @@ def test_the_statistics_and_the_decision_follow_the_documented_rule() -> None:
     rng = random.Random(0)
     w = nn.Parameter(torch.zeros(3))
     watch = RewardShiftRestart([w], z=3.0, settled_kl=1e-3)
-    fast = slow = spread = math.nan
+    fast = slow = spread = lo = hi = math.nan
     kls: list[float] = []
     n_seen, cooldown, fired_at = 0, 0, []
     for t in range(300):
         r = rng.choice([0.8, 0.3]) if t % 60 > 40 else 0.8 + rng.gauss(0, 0.02)
         s, kl = abs(rng.gauss(0.3, 0.05)), rng.choice([1e-4] * 9 + [5e-3])
         if n_seen == 0:
-            fast = slow = r
+            fast = slow = lo = hi = r
             spread = s
         fast += 0.3 * (r - fast)
         slow += 0.05 * (r - slow)
         spread += 0.05 * (s - spread)
+        lo, hi = min(lo, r), max(hi, r)
         kls = [*kls, kl][-10:]
         n_seen += 1
         cooldown = max(cooldown - 1, 0)
         noise = spread * math.sqrt(0.3 / 1.7) / math.sqrt(8)
-        expect = len(kls) == 10 and sum(kls) / 10 < 1e-3 and cooldown == 0 and (slow - fast) / noise > 3.0
+        settled = len(kls) == 10 and sum(kls) / 10 < 1e-3
+        expect = settled and cooldown == 0 and (slow - fast) / noise > 3.0 and slow - fast > 0.1 * (hi - lo)
         with torch.no_grad():
             w.add_(1.0)  # the policy moves between steps
         got = watch.observe(step(r, s, kl), num_samples=8)["restart/reward_shift"]
@@ -65,10 +67,11 @@ def test_the_statistics_and_the_decision_follow_the_documented_rule() -> None:
         if expect:
             fired_at.append(t)
             assert torch.equal(w, torch.zeros(3))  # back to the starting weights
-            fast = slow = spread = math.nan
+            fast = slow = spread = lo = hi = math.nan
             kls, n_seen, cooldown = [], 0, 20
         else:
-            assert (watch.fast, watch.slow, watch.spread) == pytest.approx((fast, slow, spread), rel=1e-12)
+            got_stats = (watch.fast, watch.slow, watch.spread, watch.lo, watch.hi)
+            assert got_stats == pytest.approx((fast, slow, spread, lo, hi), rel=1e-12)
             assert watch.kl == pytest.approx(kls)
     assert len(fired_at) >= 2  # the test exercised restarts
     assert watch.restarts == len(fired_at)
@@ -86,6 +89,24 @@ def test_a_drop_of_a_settled_policy_restarts_it_once() -> None:
     assert flags.index(1.0) <= 2  # within a few steps of the drop
     assert torch.equal(w, torch.tensor([1.0, -2.0]))
     assert watch.restarts == 1
+
+
+def test_a_solved_task_does_not_restart_on_a_few_short_episodes() -> None:
+    """CartPole-like returns: they rise to 500 while the policy learns, then every episode
+    reaches 500 (spread near 0) under a settled policy. A few short episodes are far more than 4
+    sigma of that spread, but far less than a tenth of the range covered: no restart. A collapse
+    to half the return is a restart."""
+    w = nn.Parameter(torch.ones(2))
+    watch = RewardShiftRestart([w])
+    for t in range(100):
+        watch.observe(step(min(20 + 4.8 * t, 500.0), s=30.0, kl=5e-3), 16)
+    for _ in range(100):
+        watch.observe(step(500.0, s=0.0), 16)
+    short = [watch.observe(step(r, s=10.0), 16)["restart/reward_shift"] for r in (497.5, 470.0, 490.0, 500.0)]
+    assert short == [0.0] * 4
+    assert watch.slow - watch.fast > 4 * watch.spread * math.sqrt(0.3 / 1.7) / 4  # the z-test alone would
+    collapse = [watch.observe(step(250.0, s=100.0), 16)["restart/reward_shift"] for _ in range(3)]
+    assert 1.0 in collapse
 
 
 @pytest.mark.parametrize(
