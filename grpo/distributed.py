@@ -142,8 +142,8 @@ def shutdown(*trainers: Any) -> None:
     """
     for trainer in trainers:
         trainer.close()
+    barrier()  # every rank done before any tears the group down
     if _initialised():
-        torch.distributed.barrier()  # every rank done before any tears the group down
         torch.distributed.destroy_process_group()
 
 

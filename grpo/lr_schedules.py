@@ -11,9 +11,10 @@ The multiplier of the base learning rate for the optimizer step with 0-based ind
 
 so the learning rate of optimizer step ``s`` is ``base_lr * c * m(s)``, where ``c`` (``scale``,
 1 unless ``GRPOConfig.adaptive_lr_kl`` is set) is the factor `grpo.adaptive_lr` adjusts. Warmup
-follows nanoGPT: the first step already moves (``m(0) = 1/(W+1)``, not 0). Steps count *optimizer* steps (the
-scheduler is stepped once per ``optimizer.step()``), i.e. ``GRPOConfig.optimizer_steps_per_step``
-per trainer step. A skipped (non-finite) optimizer step does not advance the schedule.
+follows nanoGPT: the first step already moves (``m(0) = 1/(W+1)``, not 0). Steps count
+*optimizer* steps (the scheduler is stepped once per ``optimizer.step()``), i.e.
+``GRPOConfig.optimizer_steps_per_step`` per trainer step. A skipped (non-finite) optimizer step
+does not advance the schedule.
 
 `build_scheduler` wraps the multiplier in a `torch.optim.lr_scheduler.LambdaLR`; the schedule
 object's fields are plain numbers, so they are part of ``scheduler.state_dict()`` (checkpoints).
