@@ -25,7 +25,7 @@ the reward, whitening, advantage clipping and the zero-variance-group filter, in
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import torch
@@ -51,6 +51,7 @@ __all__ = [
     "AdvantageFn",
     "AdvantageResult",
     "GroupStats",
+    "advantage_dtype",
     "group_advantages",
     "group_stats",
     "uniform_group_ids",
@@ -144,9 +145,17 @@ class AdvantageFn(Protocol):
     def __call__(self, scores: Tensor, group_ids: Tensor, num_groups: int) -> Tensor: ...
 
 
+def advantage_dtype(weights: Iterable[Tensor]) -> torch.dtype | None:
+    """The dtype of the advantages that train ``weights``: float64 when one of them is float64
+    (so that a float64 policy's update is computed in float64 throughout), else None (the
+    rewards' dtype, float32)."""
+    return torch.float64 if any(w.dtype == torch.float64 for w in weights) else None
+
+
 class AdvantageResult(NamedTuple):
-    """``advantages`` (N,) or (N, T) float32; ``keep`` (N,) bool rows that stay in the loss (None =
-    all); ``stats``: scalar tensors for the metrics (``advantage/frac_dropped_groups``)."""
+    """``advantages`` (N,) or (N, T) float32 (float64 when asked for); ``keep`` (N,) bool rows
+    that stay in the loss (None = all); ``stats``: scalar tensors for the metrics
+    (``advantage/frac_dropped_groups``)."""
 
     advantages: Tensor
     keep: Tensor | None
@@ -259,11 +268,15 @@ class AdvantageEstimator:
         kl_penalty: Tensor | None = None,
         group_size: int | None = None,
         step_rewards: Tensor | None = None,
+        dtype: torch.dtype | None = None,
     ) -> AdvantageResult:
         """Advantages of one batch. Shapes: rewards (N,), group_ids (N,), components name ->
         (N,), mask / kl_penalty (N, T) (the penalty already multiplied by beta, no grad).
         ``group_size=G`` declares the collector's uniform group-major layout (a faster path for
-        the same numbers); None = groups given by ``group_ids`` alone.
+        the same numbers); None = groups given by ``group_ids`` alone. ``dtype``: the advantages'
+        dtype (they are computed in float64 and rounded once to it); None = the rewards' (float32
+        for integer rewards). The trainer passes float64 for a policy with float64 weights, so
+        that its update is not computed from advantages rounded to float32.
 
         ``step_rewards`` (N, T) with ``mask``: per-step credit. The score of step t is its
         return-to-go ``x_it = sum_{t' >= t} gamma^(t'-t) r_it'`` over valid steps (minus the KL
@@ -297,8 +310,9 @@ class AdvantageEstimator:
             zero_std = group_stats(total, ids, num_groups).zero_std  # (num_groups,)
             keep = ~zero_std[ids]
             stats["advantage/frac_dropped_groups"] = zero_std.float().mean()
-        out_dtype = rewards.dtype if rewards.dtype.is_floating_point else torch.float32
-        return AdvantageResult(adv.to(out_dtype), keep, stats)
+        if dtype is None:
+            dtype = rewards.dtype if rewards.dtype.is_floating_point else torch.float32
+        return AdvantageResult(adv.to(dtype), keep, stats)
 
     def _component_advantages(
         self,
@@ -369,9 +383,10 @@ class AdvantageEstimator:
 class Advantages(NamedTuple):
     """One step's advantages and their statistics (what `GRPOTrainer.advantages` returns).
 
-    ``values`` (N,) or (N, T) float32; ``keep`` (N,) bool, the rows that enter the loss (None =
-    all); ``names`` / ``stats`` (len(names),) float32: reward and advantage metrics
-    (`grpo.metrics`), one vector so that they reach the host in one copy.
+    ``values`` (N,) or (N, T) float32 (float64 for a policy with float64 weights); ``keep`` (N,)
+    bool, the rows that enter the loss (None = all); ``names`` / ``stats`` (len(names),) float32:
+    reward and advantage metrics (`grpo.metrics`), one vector so that they reach the host in one
+    copy.
     """
 
     values: Tensor

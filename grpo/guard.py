@@ -93,12 +93,22 @@ def _bad_hyperparameter(optimizer: torch.optim.Optimizer) -> str | None:
     return None
 
 
+def _norm_dtype(tensors: Sequence[Tensor]) -> torch.dtype:
+    """The dtype norms of ``tensors`` accumulate in without narrowing any of them: float64 when
+    one is float64, else float32 (float32, and bfloat16/float16 accumulated in float32)."""
+    for t in tensors:
+        if t.dtype == torch.float64:
+            return torch.float64
+    return torch.float32
+
+
 def weights_finite(optimizer: torch.optim.Optimizer) -> bool:
     """True when no weight the optimizer steps holds a NaN/inf (`grpo.guard.UpdateGuard.
     check_weights`, once per update). Every process holds the same weights, so every process
     decides the same without communicating.
 
-    Cost: one fused ``torch._foreach_norm`` (float32) over the weights, summed and read to the
+    Cost: one fused ``torch._foreach_norm`` (float32; float64 when a weight is float64,
+    `_norm_dtype`) over the weights, summed and read to the
     host. A NaN/inf weight always makes that sum NaN/inf; a sum that is not finite is
     confirmed tensor by tensor (``isfinite``), because huge finite weights (above ~1e19) can
     overflow it too.
@@ -107,7 +117,7 @@ def weights_finite(optimizer: torch.optim.Optimizer) -> bool:
     if not weights:
         return True
     with torch.no_grad():
-        norms = torch._foreach_norm(weights, 2, dtype=torch.float32)
+        norms = torch._foreach_norm(weights, 2, dtype=_norm_dtype(weights))
         if norms[0].is_cpu:  # reading each norm is cheaper than stacking them (no device)
             total = sum(map(float, norms))
         else:
@@ -127,7 +137,8 @@ def _update_ratio(after: list[Tensor], before: list[Tensor], backend: Backend) -
     or a process's local shards); ``before`` (the guard's copy, not needed afterwards) is
     overwritten with ``before - after``, so no memory is allocated. Three fused passes: a norm of
     ``before``, the in-place difference (in the weights' dtype: exact for close values, Sterbenz),
-    a norm of the difference, norms accumulated in float32. The two sums of squares are summed
+    a norm of the difference, norms accumulated in float32 (float64 when a weight is float64:
+    `_norm_dtype`). The two sums of squares are summed
     over processes with ``backend.global_sum`` (one call, on every process): replicated weights
     scale both alike, so the ratio is the same. ``before`` all zero: 0 when nothing moved, else inf.
     """
@@ -135,9 +146,10 @@ def _update_ratio(after: list[Tensor], before: list[Tensor], backend: Backend) -
         return math.nan
     dev = before[0].device
     with torch.no_grad():
-        sizes = torch._foreach_norm(before, 2, dtype=torch.float32)
+        acc = _norm_dtype(before)
+        sizes = torch._foreach_norm(before, 2, dtype=acc)
         torch._foreach_sub_(before, after)
-        moved = torch._foreach_norm(before, 2, dtype=torch.float32)
+        moved = torch._foreach_norm(before, 2, dtype=acc)
         squares = [torch.stack([t.to(dev) for t in norms]).square().sum() for norms in (moved, sizes)]
         d2, w2 = backend.global_sum(torch.stack(squares)).tolist()  # .to: weights on several devices
     if w2 > 0:

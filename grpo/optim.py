@@ -52,16 +52,20 @@ def default_optimizer(params: Sequence[Tensor], lr: float, weight_decay: float) 
 
 def grad_norm(grads: Sequence[Tensor]) -> Tensor:
     """Total 2-norm ``sqrt(sum_i ||g_i||^2)`` of ``grads`` (a scalar on the first gradient's device,
-    in their dtype when they share one, else float32); 0 for no gradient; NaN/inf when one is not
-    finite."""
+    in their dtype when they share one, else float64 when one is float64 and float32 otherwise, as
+    ``clip_grad_norm_``'s promotion gives); 0 for no gradient; NaN/inf when one is not finite."""
     if not grads:
         return torch.zeros(())
     if len({(g.device, g.dtype) for g in grads}) == 1:
         norm: Tensor = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(list(grads))))
         return norm
-    # mixed devices or dtypes: one norm per tensor, summed on the first device in float32
+    # mixed devices or dtypes: one norm per tensor, accumulated without narrowing any gradient
+    # (float64 when one is float64, else float32: half-precision sums cannot overflow) and summed
+    # on the first device
     dev = grads[0].device
-    mixed: Tensor = torch.linalg.vector_norm(torch.stack([g.norm().float().to(dev) for g in grads]))
+    acc = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
+    norms = [torch.linalg.vector_norm(g, dtype=acc).to(dev) for g in grads]
+    mixed: Tensor = torch.linalg.vector_norm(torch.stack(norms))
     return mixed
 
 

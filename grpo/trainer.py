@@ -28,7 +28,13 @@ import torch
 from torch import Tensor
 
 from grpo.adaptive_lr import AdaptiveLR
-from grpo.advantage_estimator import AdvantageEstimator, AdvantageFn, Advantages, with_statistics
+from grpo.advantage_estimator import (
+    AdvantageEstimator,
+    AdvantageFn,
+    Advantages,
+    advantage_dtype,
+    with_statistics,
+)
 from grpo.backends import Backend
 from grpo.config import GRPOConfig
 from grpo.denormals import flush_denormals_on, restore_denormals
@@ -112,6 +118,9 @@ class GRPOTrainer(TrainerStateMixin):
         )
 
         self.advantage_estimator = AdvantageEstimator.from_config(config, advantage_fn)
+        trained = self.optimizer.param_groups if self.optimizer is not None else []
+        # float64 for float64 weights: their update is not computed from float32-rounded advantages
+        self._advantage_dtype = advantage_dtype([*self.params, *(p for g in trained for p in g["params"])])
         self._kl_in_reward = config.kl_penalty == "reward" and config.kl_coeff > 0
         self.plan = UpdatePlan(
             num_epochs=config.num_epochs_per_update,
@@ -304,12 +313,13 @@ class GRPOTrainer(TrainerStateMixin):
         return self.plan.decide(num_states).old_at_collection
 
     def advantages(self, batch: ExperienceBatch) -> Advantages:
-        """The batch's group-relative advantages and reward statistics (the batch is not changed)."""
+        """The batch's group-relative advantages and reward statistics (the batch is not changed).
+        The advantages are float32, or float64 when the policy has a float64 weight."""
         result = self.advantage_estimator(
             batch.rewards, batch.group_ids, batch.num_groups, components=batch.reward_components,
             weights=getattr(self.reward_model, "reward_weights", None), mask=batch.mask,
             kl_penalty=self._kl_reward_penalty(batch), group_size=batch.group_size,
-            step_rewards=batch.step_rewards,
+            step_rewards=batch.step_rewards, dtype=self._advantage_dtype,
         )  # fmt: skip
         dropped = batch.dropped_groups if self.config.invalid_rewards == "drop_groups" else None
         return with_statistics(
