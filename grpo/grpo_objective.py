@@ -138,6 +138,12 @@ _STAT_METRICS: tuple[tuple[str, str], ...] = (
 )
 
 
+def _log_bound(bound: float) -> float:
+    """``log(bound)`` of a ratio clip bound; ``-inf`` for a bound <= 0, which a ratio (> 0) never
+    reaches: ``clip_epsilon = 1`` means no lower bound, so the low clip never binds."""
+    return math.log(bound) if bound > 0.0 else -math.inf
+
+
 def _as(v: Tensor, dtype: torch.dtype) -> Tensor:
     return v if v.dtype == dtype else v.to(dtype)
 
@@ -565,7 +571,7 @@ class GRPOObjective:
         ratio = lrc.exp()
         # the PPO clip and the log-ratio clamp as one clamp of the log-ratio with per-sample
         # bounds: [-c, min(c, log(1 + eps_high))] for A >= 0, [max(-c, log(1 - eps_low)),
-        # min(c, log c_dual)] for A < 0
+        # min(c, log c_dual)] for A < 0 (eps_low = 1: log 0 = -inf, only the clamp at -c binds)
         clamped = log_ratio.clamp(torch.where(neg, log_lo, minus_c), torch.where(neg, log_cap, log_hi))
         # clipped as the composed path counts them: the clamped ratio outside the clip range (a
         # bound set by the log-ratio clamp alone is not a clip)
@@ -582,7 +588,7 @@ class GRPOObjective:
     def _log_bounds(self, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, ...]:
         """0-d tensors ``max(-c, log(1 - eps_low))``, ``-c``, ``min(c, log c_dual)``,
         ``min(c, log(1 + eps_high))`` in ``dtype`` (Python floats would make `torch.where` build
-        float32 bounds)."""
+        float32 bounds); ``log(1 - eps_low)`` is ``-inf`` for ``eps_low = 1`` (`_log_bound`)."""
         key = ("bounds", dtype, device, self.eps_low, self.eps_high, self.dual_clip_c, self.log_ratio_clamp)
         cached = self._cache.get("bounds")
         if cached is None or cached[0] != key:
@@ -590,7 +596,7 @@ class GRPOObjective:
             # tighter of the two bounds wins on each side
             c = self.log_ratio_clamp
             cap = c if self.dual_clip_c is None else min(c, math.log(self.dual_clip_c))
-            values = (max(-c, math.log(1.0 - self.eps_low)), -c, cap, min(c, math.log(1.0 + self.eps_high)))
+            values = (max(-c, _log_bound(1.0 - self.eps_low)), -c, cap, min(c, math.log(1.0 + self.eps_high)))
             cached = (key, tuple(torch.tensor(v, dtype=dtype, device=device) for v in values))
             self._cache["bounds"] = cached
         bounds: tuple[Tensor, ...] = cached[1]

@@ -615,3 +615,56 @@ def test_fused_clip_path_equals_composed_and_loop_with_a_binding_log_ratio_clamp
     loop = total / z
     torch.testing.assert_close(fused.loss, loop, atol=1e-12, rtol=1e-10)
     torch.testing.assert_close(g_fused, torch.autograd.grad(loop, [x])[0], atol=1e-12, rtol=1e-10)
+
+
+# ---- clip_epsilon = 1: no lower bound (issue 24: the fused path raised "math domain error") -------
+def test_clip_epsilon_one_hand_values_no_lower_bound() -> None:
+    """logp = -1, logp_old = 0, A = -1: rho = e^-1. eps_low = 1 gives l = -A rho = e^-1 with
+    gradient e^-1 (the ratio is kept at any value); eps_low = 0.5 clips it at 0.5, gradient 0."""
+    logp = torch.tensor([[-1.0]], dtype=D, requires_grad=True)
+    old, adv, mask = torch.zeros(1, 1, dtype=D), -torch.ones(1, dtype=D), torch.ones(1, 1, dtype=torch.bool)
+    for eps_low, value, grad in ((1.0, math.exp(-1.0), math.exp(-1.0)), (0.5, 0.5, 0.0)):
+        for obj in (
+            GRPOObjective(clip_epsilon=eps_low, clip_epsilon_high=0.2),
+            _composed(clip_epsilon=eps_low, clip_epsilon_high=0.2),
+        ):
+            out = obj(logp, old, adv, mask, 1.0)
+            (g,) = torch.autograd.grad(out.loss, [logp])
+            assert float(out.loss.detach()) == pytest.approx(value, abs=1e-12)
+            assert float(g) == pytest.approx(grad, abs=1e-12)
+            assert float(out.sums["clip_low"]) == (0.0 if eps_low == 1.0 else 1.0)
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+@pytest.mark.parametrize("eps_high", [EPS_HI, 1e9], ids=["eps_high=0.28", "eps_high=1e9"])
+@pytest.mark.parametrize("dual", [None, 3.0], ids=["no_dual", "dual=3"])
+def test_clip_epsilon_one_equals_the_formula_without_lower_bound(agg, eps_high, dual):
+    """Fused and composed paths vs a plain loop of l = -min(rho A, clip(rho, 0, 1 + eps_high) A)
+    (capped at -c A for A < 0 with the dual clip), loss and gradient, off-policy ratios far below 1."""
+    logp, old, _, adv, mask, _ = random_inputs(seed=7, spread=3.0)
+    rho = torch.exp(logp - old)
+    assert bool(((rho < 0.2) & (adv[:, None] < 0) & mask).any())  # where any eps_low < 0.8 would clip
+    kw = {
+        "clip_epsilon": 1.0, "clip_epsilon_high": eps_high, "aggregation": agg, "loss_normaliser": C_NORM,
+        "dual_clip_c": dual,
+    }  # fmt: skip
+    x = logp.clone().requires_grad_(True)
+    total = torch.zeros((), dtype=D)
+    for i in range(logp.shape[0]):
+        n_i = max(int(mask[i].sum()), 1)
+        for t in range(logp.shape[1]):
+            if mask[i, t]:
+                r, a = torch.exp(x[i, t] - old[i, t]), adv[i]
+                step = -torch.minimum(r * a, torch.clamp(r, 0.0, 1.0 + eps_high) * a)
+                if dual is not None and a < 0:
+                    step = torch.minimum(step, -dual * a)
+                total = total + step / (n_i if agg == "seq-mean-token-mean" else 1)
+    loop = total / float(GRPOObjective(**kw).normaliser(mask))
+    (g_loop,) = torch.autograd.grad(loop, [x])
+    for obj in (GRPOObjective(**kw), _composed(**kw)):
+        y = logp.clone().requires_grad_(True)
+        out = obj(y, old, adv, mask, obj.normaliser(mask))
+        (g,) = torch.autograd.grad(out.loss, [y])
+        torch.testing.assert_close(out.loss, loop, atol=1e-12, rtol=1e-10)
+        torch.testing.assert_close(g, g_loop, atol=1e-12, rtol=1e-10)
+        assert float(out.sums["clip_low"]) == 0.0
