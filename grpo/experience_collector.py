@@ -11,7 +11,9 @@ on its own (states and actions independently):
 
 Everything a user's object returns is checked here, with errors naming the object, the method,
 what was seen and what was expected. `evaluate_log_probs` is the one place where the policy's
-log-probs — ``(N,)``, ``(N, T)`` or a `PolicyOutput` — become ``(N, T)`` + a bool mask.
+log-probs — ``(N,)``, ``(N, T)`` or a `PolicyOutput` — become ``(N, T)`` + a bool mask. There the
+one shape that means two things is refused (`_check_not_per_component`): float actions ``(N, D)``
+with log-probs ``(N, D)`` and no mask, the mark of a Gaussian policy that forgot ``.sum(-1)``.
 """
 
 from __future__ import annotations
@@ -156,7 +158,10 @@ class ExperienceBatch:
         old = None
         if old_log_probs is not None:
             given = PolicyOutput(old_log_probs.detach(), mask) if mask is not None else old_log_probs.detach()
-            lp = _normalise(given, n, f"{where} old_log_probs", device)
+            lp = _normalise(
+                given, n, f"{where} old_log_probs", device, actions=flat_actions,
+                explicit=f"pass mask=torch.ones_like(old_log_probs, dtype=torch.bool) to {where}",
+            )  # fmt: skip
             old, mask = lp.log_probs, lp.mask
         elif mask is not None:
             raise ValueError(
@@ -231,14 +236,26 @@ def _all_valid(shape: torch.Size, device: torch.device) -> Tensor:
     return true.expand(shape)
 
 
+_EXPLICIT = "return grpo.PolicyOutput(log_probs, mask=torch.ones_like(log_probs, dtype=torch.bool))"
+
+
 def _normalise(
-    out: Tensor | PolicyOutput, n: int, where: str, device: torch.device, *, check_inf: bool = True
+    out: Tensor | PolicyOutput,
+    n: int,
+    where: str,
+    device: torch.device,
+    *,
+    check_inf: bool = True,
+    actions: Any = None,
+    explicit: str = _EXPLICIT,
 ) -> LogProbs:
     """The one normalisation point: (n,) | (n, T) | PolicyOutput -> LogProbs (n, T).
 
     ``check_inf=False`` skips the +-inf check (`_check_no_inf`): the update passes it, because
     `grpo.grpo_objective.GRPOObjective` turns a non-finite log-prob on a valid step into a
     non-finite loss, which the trainer's non-finite policy contains (no weight changes).
+    ``actions``: the actions the log-probs belong to (rows of the same shape; None = not known),
+    for `_check_not_per_component`; ``explicit`` is the fix that error offers for per-step values.
     """
     entropy = mask = None
     if isinstance(out, PolicyOutput):
@@ -257,6 +274,8 @@ def _normalise(
         )
     if not logp.dtype.is_floating_point:
         raise TypeError(f"{where} returned log-probs of dtype {logp.dtype}; expected a float dtype.")
+    if mask is None and logp.dim() == 2:
+        _check_not_per_component(logp, actions, where, explicit)
     logp_device = logp.device
     if logp_device != device and not same_device(logp_device, device):
         raise ValueError(
@@ -287,6 +306,37 @@ def _normalise(
     if check_inf:
         _check_no_inf(logp, where)
     return LogProbs(logp, mask, entropy)
+
+
+def _check_not_per_component(logp: Tensor, actions: Any, where: str, explicit: str) -> None:
+    """Raise on log-probs (n, D) without a mask for float actions (·, D), D > 1: the one shape
+    that means two things.
+
+    Per-step log-probs of an action of T = D steps, or one log-prob per component of a single
+    D-dimensional action: a Gaussian policy that forgets ``.sum(-1)`` (``Normal(mu, std)
+    .log_prob(a)`` is (N, D)) returns exactly this, and read as steps it trains each component
+    with its own ratio, clipping and KL, which is not the GRPO objective of a vector action.
+    Integer actions (token ids (N, T)), list actions (objects the trainer cannot look into:
+    completions, episodes), (N, T, D) actions with (N, T) log-probs, and a `PolicyOutput` with
+    a mask are not ambiguous and pass. Only shapes and the dtype are read: no device sync.
+    """
+    if not isinstance(actions, Tensor) or actions.dim() != 2 or not actions.is_floating_point():
+        return
+    d = int(actions.shape[1])
+    if d < 2 or logp.shape[1] != d:
+        return
+    n = int(logp.shape[0])
+    raise ValueError(
+        f"{where} returned log-probs of shape ({n}, {d}) without a mask for float actions of shape "
+        f"{tuple(actions.shape)}: that is ambiguous. It reads as per-step log-probs of actions made "
+        f"of {d} steps, but it is also what a policy returns when it forgets to sum over the {d} "
+        f"components of one vector action (Normal(mu, std).log_prob(a) has shape (N, {d})); trained "
+        f"as steps, each component would get its own ratio and clipping. If each action is one "
+        f"vector of {d} components, return one log-prob per action, shape ({n},): "
+        f"dist.log_prob(a).sum(-1), or build the distribution as "
+        f"torch.distributions.Independent(Normal(mu, std), 1). If the {d} columns really are steps "
+        f"of one action, say so: {explicit}."
+    )
 
 
 def _check_no_inf(logp: Tensor, where: str) -> None:
@@ -325,7 +375,8 @@ def evaluate_log_probs(
     When the policy has ``evaluate_actions``, the states are tensors and the batch is group-major
     with a uniform G, the policy evaluates each state once per group (``groups`` are the group
     indices whose rows ``rows`` lists, in order). Otherwise ``get_log_probabilities`` is called on
-    the flat rows. ``check_inf``: see `_normalise`.
+    the flat rows. ``check_inf``: see `_normalise`. Float actions (n, D) with log-probs (n, D)
+    and no mask are refused as ambiguous (`_check_not_per_component`).
     """
     n = batch.num_samples if rows is None else int(rows.shape[0])
     actions = select_rows(batch.actions, rows)
@@ -345,7 +396,7 @@ def evaluate_log_probs(
     else:
         out = policy.get_log_probabilities(select_rows(batch.flat_states, rows), actions)
         where = _where(policy, "get_log_probabilities")
-    return _normalise(out, n, where, device, check_inf=check_inf)
+    return _normalise(out, n, where, device, check_inf=check_inf, actions=actions)
 
 
 def to_reward_tensor(
@@ -709,7 +760,7 @@ class ExperienceCollector:
         reported: LogProbs | None = None
         if behaviour is not None:
             where = _where(self.policy, "generate_actions_with_log_probs")
-            reported = _normalise(behaviour, n, where, self.device)
+            reported = _normalise(behaviour, n, where, self.device, actions=batch.actions)
             if kept is not None:  # groups were dropped after generation
                 reported = LogProbs(select_rows(reported.log_probs, kept), select_rows(reported.mask, kept))
             if sampler:

@@ -42,6 +42,8 @@ class PolicyOutput:
     Attributes:
         log_probs: ``(N,)`` for one-shot actions or ``(N, T)`` per step.
         mask: ``(N, T)`` bool, True where a step is real (not padding). ``None`` = all real.
+            Giving it also says that ``(N, T)`` values are per step: without it, log-probs
+            ``(N, D)`` for float actions ``(N, D)`` are refused as a forgotten ``.sum(-1)``.
         entropy: exact entropy of the policy's distribution at each step, same shape as
             ``log_probs``, computed in the same forward. ``None`` = not available (the trainer
             then uses the Monte Carlo estimate documented in `grpo.grpo_objective.entropy_bonus`).
@@ -71,6 +73,14 @@ class PolicyModel(Protocol):
 
         Returns ``(N,)``, ``(N, T)``, or a `PolicyOutput` with a mask. During the update this must
         carry gradient to the policy's parameters.
+
+        One log-prob per action, ``(N,)``, for an action that is one vector: sum over its
+        components (``dist.log_prob(a).sum(-1)``, or ``Independent(Normal(mu, std), 1)``).
+        ``(N, T)`` means T steps per action (tokens, env steps), each with its own ratio. When the
+        actions are a float Tensor ``(N, D)`` with D > 1, log-probs ``(N, D)`` could be either (a
+        Gaussian policy that forgot ``.sum(-1)`` returns them), so they are refused unless given
+        as ``PolicyOutput(log_probs, mask=...)``, the mask saying the columns are steps. Integer
+        actions (token ids ``(N, T)``) and list actions are not affected.
         """
         ...
 
