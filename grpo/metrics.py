@@ -215,8 +215,17 @@ METRICS: tuple[Metric, ...] = (
         "global",
         "optional",
         "With `GRPOConfig.reward_shift_z`: 1 on the step after which the policy was restarted from "
-        "its starting weights because the rewards fell while it stood still (a non-stationary task "
-        "changed; rule in `grpo.reward_shift`), else 0. Absent otherwise.",
+        "its starting weights, on probation, because the rewards fell while it stood still (rule in "
+        "`grpo.reward_shift`), else 0. Absent otherwise.",
+    ),
+    _m(
+        "restart/given_back",
+        "global",
+        "optional",
+        "With `GRPOConfig.reward_shift_z`: 1 on the step after which the policy a restart replaced "
+        "was given back, because the restarted policy's groups still favoured it (the task got "
+        "harder or its rewards were rescaled, not changed; `grpo.reward_shift`), else 0. Absent "
+        "otherwise.",
     ),
     _m(
         "optim/lr",

@@ -46,15 +46,16 @@ from grpo.engine_setup import (
     reference_module,
     refresh_reference,
 )
-from grpo.experience_collector import ExperienceBatch, ExperienceCollector
+from grpo.experience_collector import ExperienceBatch, ExperienceCollector, evaluate_log_probs
 from grpo.grpo_objective import GRPOObjective
 from grpo.guard import UpdateGuard
 from grpo.kl import KLFn
+from grpo.lr_schedules import schedule_length_problem
 from grpo.metrics import StepCounts
-from grpo.policy_base import EntropyRequest, PolicyModel, has_method
+from grpo.policy_base import EntropyRequest, PolicyModel, has_method, set_training_mode
 from grpo.policy_losses import PolicyLossFn
 from grpo.reward_model_base import RewardModel
-from grpo.reward_shift import RewardShiftRestart
+from grpo.reward_shift import RewardShiftRestart, incumbent_advantages
 from grpo.stall_watch import StallWatch
 from grpo.trainer_state import TrainerStateMixin
 from grpo.update import UpdateParts, run_update
@@ -126,7 +127,9 @@ class GRPOTrainer(TrainerStateMixin):
             num_epochs=config.num_epochs_per_update,
             mini_batch_size=config.resolved_mini_batch_size,
             micro_batch_size=config.resolved_micro_batch_size,
-            old_before_update=self._kl_in_reward or self.advantage_estimator.needs_mask,
+            old_before_update=(  # read before the update: a KL in the reward, a mask, the shift check
+                self._kl_in_reward or self.advantage_estimator.needs_mask or config.reward_shift_z is not None
+            ),
             rescales_gradients=self.backend is None or self.backend.rescales_gradients,
             generator=self._generator,
         )
@@ -142,7 +145,8 @@ class GRPOTrainer(TrainerStateMixin):
         self._update = self._update_parts()
         self.step_count = 0
         self._warned_nothing_to_train = self._warned_batch_size = False
-        self.stall_watch = StallWatch.from_config(config, self.optimizer)  # grpo/stall_watch.py
+        self.stall_watch = StallWatch.from_config(config, self.optimizer, self.scheduler)  # stall_watch.py
+        self._check_schedule_length()
         shard = config.fsdp or self._deepspeed is not None
         self.reward_shift = RewardShiftRestart.from_config(config, self.params, sharded=shard)
         self._checkpoint_components: dict[str, Any] = {}
@@ -174,6 +178,16 @@ class GRPOTrainer(TrainerStateMixin):
                 f"generate_actions_with_log_probs(states, G) -> (actions, log_probs). Add it, or set "
                 f"sampler_is_cap=None."
             )
+
+    def _check_schedule_length(self) -> None:
+        """Warn when a decaying schedule ends within a few trainer steps (total_steps counts
+        optimizer steps; `grpo.lr_schedules.schedule_length_problem`)."""
+        cfg = self.config
+        if self.scheduler is None:
+            return
+        problem = schedule_length_problem(cfg.lr_schedule, cfg.total_steps, cfg.optimizer_steps_per_step)
+        if problem is not None:
+            warnings.warn(problem, UserWarning, stacklevel=3)
 
     def _reference_module(self) -> Any:
         return reference_module(self.reference_policy, self._deepspeed)
@@ -258,10 +272,28 @@ class GRPOTrainer(TrainerStateMixin):
             counts = StepCounts(float(batch.num_samples), float(batch.num_groups), valid_steps)
             metrics = self.backend.reduce_metrics(metrics, counts)
         metrics = self.stall_watch.observe(metrics)  # warns (StallWarning) when learning has stalled
-        if self.reward_shift is not None:  # restarts on a shift of the task (grpo/reward_shift.py)
-            world = 1 if self.distributed is None else self.distributed.world_size
-            metrics = self.reward_shift.observe(metrics, batch.num_samples * world)
+        if self.reward_shift is not None:  # restarts on a change of the task (grpo/reward_shift.py)
+            metrics = self._observe_reward_shift(self.reward_shift, batch, adv, metrics)
         return metrics
+
+    def _observe_reward_shift(
+        self, watch: RewardShiftRestart, batch: ExperienceBatch, adv: Advantages, metrics: dict[str, float]
+    ) -> dict[str, float]:
+        """The restart rule reads the step's metrics and, while a restart is on probation, the
+        incumbent's advantages in the step's groups (`grpo.reward_shift.incumbent_advantages`:
+        one forward of the batch with the incumbent's weights, summed over processes)."""
+        world = 1 if self.distributed is None else self.distributed.world_size
+        sums = None
+        if watch.incumbent is not None and batch.old_log_probs is not None:
+            with watch.incumbent_weights():
+                set_training_mode(self.policy, False)
+                inc = evaluate_log_probs(self.policy, batch, device=self.device, check_inf=False)
+            local = incumbent_advantages(
+                inc.log_probs, batch.old_log_probs, batch.mask, adv.values, batch.group_ids,
+                batch.num_groups, adv.keep,
+            )  # fmt: skip
+            sums = (local if self.backend is None else self.backend.global_sum(local)).tolist()
+        return watch.observe(metrics, batch.num_samples * world, sums)
 
     def _run_update(self, batch: ExperienceBatch, adv: Advantages) -> tuple[dict[str, float], float]:
         if self._update is None:

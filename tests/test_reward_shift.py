@@ -1,7 +1,8 @@
 """Restart on a reward shift (GRPOConfig.reward_shift_z, grpo.reward_shift): the statistics and
-the decision against the module docstring's formulas written again here; what a restart does; no
-restart while the policy moves or when rewards rise; checkpoints; bad states; config errors; a
-trainer on a bandit whose best arm switches."""
+the decision against the module docstring's formulas written again here; the incumbent's
+advantages against a plain loop; what a restart and its probation do; no restart while the policy
+moves or when rewards rise; checkpoints; bad states; config errors; trainers on a bandit whose
+best arm switches (the restart stands) and on one whose rewards all fall (the policy comes back)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,17 @@ import torch
 from torch import Tensor, nn
 
 from grpo import DistributionPolicy, GRPOConfig, GRPOTrainer
-from grpo.reward_shift import RewardShiftRestart, shift_score
+from grpo.reward_shift import CONFIRM_GROUPS, RewardShiftRestart, incumbent_advantages, mean_z, shift_score
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def without_start(state: dict[str, object]) -> dict[str, object]:
-    return {k: v for k, v in state.items() if k != "start"}
+    return {k: v for k, v in state.items() if k not in ("start", "incumbent")}
+
+
+STANDS = (0.0, 1.0, float(CONFIRM_GROUPS))  # a probation's groups that do not favour the incumbent
+GIVE_BACK = (0.5 * CONFIRM_GROUPS, 0.3 * CONFIRM_GROUPS, float(CONFIRM_GROUPS))  # mean 0.5, std ~0.22
 
 
 def step(r: float, s: float = 0.4, kl: float = 1e-4) -> dict[str, float]:
@@ -43,7 +48,7 @@ def test_the_statistics_and_the_decision_follow_the_documented_rule() -> None:
     watch = RewardShiftRestart([w], z=3.0, settled_kl=1e-3)
     fast = slow = spread = lo = hi = math.nan
     kls: list[float] = []
-    n_seen, cooldown, fired_at = 0, 0, []
+    n_seen, cooldown, fired_at, probation = 0, 0, [], False
     for t in range(300):
         r = rng.choice([0.8, 0.3]) if t % 60 > 40 else 0.8 + rng.gauss(0, 0.02)
         s, kl = abs(rng.gauss(0.3, 0.05)), rng.choice([1e-4] * 9 + [5e-3])
@@ -59,16 +64,18 @@ def test_the_statistics_and_the_decision_follow_the_documented_rule() -> None:
         cooldown = max(cooldown - 1, 0)
         noise = spread * math.sqrt(0.3 / 1.7) / math.sqrt(8)
         settled = len(kls) == 10 and sum(kls) / 10 < 1e-3
-        expect = settled and cooldown == 0 and (slow - fast) / noise > 3.0 and slow - fast > 0.1 * (hi - lo)
+        drop = settled and cooldown == 0 and (slow - fast) / noise > 3.0 and slow - fast > 0.1 * (hi - lo)
+        expect = drop and not probation  # a probation step judges the incumbent instead
+        probation = False
         with torch.no_grad():
             w.add_(1.0)  # the policy moves between steps
-        got = watch.observe(step(r, s, kl), num_samples=8)["restart/reward_shift"]
+        got = watch.observe(step(r, s, kl), num_samples=8, incumbent=STANDS)["restart/reward_shift"]
         assert got == float(expect), t
         if expect:
             fired_at.append(t)
             assert torch.equal(w, torch.zeros(3))  # back to the starting weights
             fast = slow = spread = lo = hi = math.nan
-            kls, n_seen, cooldown = [], 0, 20
+            kls, n_seen, cooldown, probation = [], 0, 20, True
         else:
             got_stats = (watch.fast, watch.slow, watch.spread, watch.lo, watch.hi)
             assert got_stats == pytest.approx((fast, slow, spread, lo, hi), rel=1e-12)
@@ -84,11 +91,121 @@ def test_a_drop_of_a_settled_policy_restarts_it_once() -> None:
         w.copy_(torch.tensor([5.0, 7.0]))  # learned since the start
     for _ in range(30):
         assert watch.observe(step(0.8), 8)["restart/reward_shift"] == 0.0
-    flags = [watch.observe(step(0.2), 8)["restart/reward_shift"] for _ in range(30)]
+    flags = [watch.observe(step(0.2), 8, STANDS)["restart/reward_shift"] for _ in range(30)]
     assert flags.count(1.0) == 1  # the statistics start again and wait 10 steps, the cooldown 20
     assert flags.index(1.0) <= 2  # within a few steps of the drop
     assert torch.equal(w, torch.tensor([1.0, -2.0]))
     assert watch.restarts == 1
+    assert watch.given_back == 0
+    assert watch.incumbent is None  # the probation ended: its groups did not favour [5, 7]
+
+
+def test_a_probation_whose_groups_favour_the_incumbent_gives_it_back() -> None:
+    """A drop restarts from the start and keeps the incumbent; the probation waits until it has
+    CONFIRM_GROUPS groups, then gives the incumbent back when z_inc > 2 (mean_z by hand)."""
+    w = nn.Parameter(torch.tensor([1.0, -2.0]))
+    watch = RewardShiftRestart([w])
+    with torch.no_grad():
+        w.copy_(torch.tensor([5.0, 7.0]))
+    for _ in range(30):
+        watch.observe(step(0.8), 8)
+    flags = []
+    for _ in range(5):
+        flags.append(watch.observe(step(0.2), 8))
+        if watch.incumbent is not None:
+            break
+    assert flags[-1]["restart/reward_shift"] == 1.0
+    assert torch.equal(w, torch.tensor([1.0, -2.0]))
+    assert watch.incumbent is not None
+    assert torch.equal(watch.incumbent[0], torch.tensor([5.0, 7.0]))
+    with torch.no_grad():
+        w.add_(0.5)  # the restarted policy learns during its probation
+    half = [x / 2 for x in GIVE_BACK]  # half the groups: it waits
+    first = watch.observe(step(0.2, kl=5e-3), 8, half)
+    assert (first["restart/reward_shift"], first["restart/given_back"]) == (0.0, 0.0)
+    assert watch.incumbent is not None
+    second = watch.observe(step(0.2, kl=5e-3), 8, half)
+    assert second["restart/given_back"] == 1.0
+    assert torch.equal(w, torch.tensor([5.0, 7.0]))  # the incumbent, bitwise
+    assert (watch.restarts, watch.given_back, watch.incumbent) == (1, 1, None)
+
+
+def test_mean_z_by_hand() -> None:
+    # values 1, 2, 3: mean 2, sample std 1, se 1/sqrt(3) -> z = 2 sqrt(3)
+    assert mean_z([6.0, 14.0, 3.0]) == pytest.approx(2 * math.sqrt(3), rel=1e-12)
+    assert mean_z([-6.0, 14.0, 3.0]) == pytest.approx(-2 * math.sqrt(3), rel=1e-12)
+    assert mean_z([2.0, 2.0, 2.0]) == math.inf  # 1, 1: no spread
+    assert mean_z([0.0, 0.0, 4.0]) == 0.0
+
+
+def incumbent_advantages_loop(
+    inc: Tensor, old: Tensor, mask: Tensor | None, adv: Tensor, gid: Tensor, b: int, keep: Tensor | None
+) -> list[float]:
+    """The module docstring's a_g, one group and one sample at a time, in Python floats."""
+    values = []
+    for g in range(b):
+        num = den = 0.0
+        log_ws, advs = [], []
+        for i in range(inc.shape[0]):
+            if int(gid[i]) != g or (keep is not None and not bool(keep[i])):
+                continue
+            steps = [t for t in range(inc.shape[1]) if mask is None or bool(mask[i, t])]
+            log_ws.append(sum(float(inc[i, t]) - float(old[i, t]) for t in steps))
+            a = [float(adv[i, t]) for t in steps] if adv.dim() == 2 else [float(adv[i])]
+            advs.append(sum(a) / max(len(a), 1))
+        finite = [x for x in log_ws if math.isfinite(x)]
+        if not finite:
+            continue
+        top = max(finite)
+        for lw, a in zip(log_ws, advs, strict=True):
+            wi = math.exp(lw - top) if math.isfinite(lw) else 0.0
+            num, den = num + wi * a, den + wi
+        values.append(num / den)
+    return [sum(values), sum(v * v for v in values), float(len(values))]
+
+
+@pytest.mark.parametrize("case", ["flat", "per-step", "masked", "kept", "minus-inf"])
+def test_incumbent_advantages_equal_a_plain_loop(case: str) -> None:
+    gen = torch.Generator().manual_seed(3)
+    b, g, t = 5, 4, 1 if case == "flat" else 6
+    n = b * g
+    gid = torch.arange(b).repeat_interleave(g)
+    inc = -3 * torch.rand(n, t, generator=gen, dtype=torch.float64)
+    old = -3 * torch.rand(n, t, generator=gen, dtype=torch.float64)
+    adv = (
+        torch.randn(n, t, generator=gen, dtype=torch.float64)
+        if case == "per-step"
+        else torch.randn(n, generator=gen)
+    )
+    mask = torch.rand(n, t, generator=gen) < 0.7 if case in ("masked", "per-step") else None
+    if mask is not None:
+        mask[:, 0] = True
+    keep = (gid != 2) if case == "kept" else None
+    if case == "minus-inf":
+        inc[0:4, 0] = -math.inf  # group 0: the incumbent never takes these actions
+        inc[5, 0] = -math.inf
+    got = incumbent_advantages(inc, old, mask, adv, gid, b, keep).tolist()
+    assert got == pytest.approx(
+        incumbent_advantages_loop(inc, old, mask, adv, gid, b, keep), rel=1e-12, abs=1e-12
+    )
+    if case == "kept":
+        assert got[2] == b - 1
+    if case == "minus-inf":
+        assert got[2] == b - 1  # group 0 says nothing
+
+
+def test_incumbent_advantages_are_the_incumbents_expected_advantage() -> None:
+    """Sampled uniformly over 3 arms, a deterministic incumbent's a_g is the advantage of its arm
+    (the samples of the other arms weigh exp(-large) = 0); a uniform incumbent's is the group
+    mean of A, 0."""
+    actions = torch.tensor([0, 1, 2, 1])
+    adv = torch.tensor([1.5, -0.5, -0.5, -0.5])
+    old = torch.full((4, 1), math.log(1 / 3), dtype=torch.float64)
+    greedy = torch.log(torch.tensor([1.0, 1e-30, 1e-30], dtype=torch.float64))[actions][:, None]
+    uniform = old.clone()
+    gid = torch.zeros(4, dtype=torch.long)
+    assert incumbent_advantages(greedy, old, None, adv, gid, 1)[0].item() == pytest.approx(1.5)
+    assert incumbent_advantages(uniform, old, None, adv, gid, 1)[0].item() == pytest.approx(0.0, abs=1e-12)
 
 
 def test_a_solved_task_does_not_restart_on_a_few_short_episodes() -> None:
@@ -161,6 +278,17 @@ def test_state_dict_round_trip_and_bad_states_change_nothing() -> None:
         ({**state, "start": [torch.tensor([0.0, math.nan])]}, r"start\[0\] holds NaN or inf"),
         ({**state, "start": []}, r"'start' must hold 1 tensors"),
         ({k: v for k, v in state.items() if k != "slow"}, r"expected the keys"),
+        ({**state, "probe": [0.0, -1.0, 2.0]}, r"'probe' must be \[sum, sum of squares >= 0, count >= 0\]"),
+        ({**state, "probe": [math.nan, 0.0, 0.0]}, r"'probe' must be"),
+        (
+            {**state, "incumbent": [torch.zeros(2), torch.zeros(2)]},
+            r"'incumbent' must hold 1 tensors .* or none",
+        ),
+        (
+            {**state, "incumbent": [torch.zeros(2, dtype=torch.float64)]},
+            r"incumbent\[0\] must be a torch.float32",
+        ),
+        ({**state, "given_back": True}, r"'given_back' must be an int >= 0"),
     ]
     for bad, message in bad_states:
         with pytest.raises(ValueError, match=message):
@@ -168,6 +296,20 @@ def test_state_dict_round_trip_and_bad_states_change_nothing() -> None:
         now = b.state_dict()
         assert torch.equal(now["start"][0], good["start"][0])
         assert without_start(now) == without_start(good)
+
+
+def test_a_state_saved_before_the_probation_loads_with_none_open() -> None:
+    w = nn.Parameter(torch.tensor([0.5, 1.5]))
+    a = RewardShiftRestart([w])
+    a.observe(step(0.8), 8)
+    state = a.state_dict()
+    legacy = {
+        k: v for k, v in state.items() if k not in ("given_back", "probation_steps", "probe", "incumbent")
+    }
+    b = RewardShiftRestart([nn.Parameter(torch.zeros(2))])
+    b.load_state_dict(legacy)
+    assert without_start(b.state_dict()) == without_start(state)
+    assert b.incumbent is None
 
 
 class ArmLogits(nn.Module):
@@ -220,6 +362,71 @@ def test_the_preset_follows_a_switch_that_it_would_miss_without_the_restart(
     assert probs[4.0][3] > 0.9, probs[4.0]
     assert probs[None][3] < 0.5, probs[None]  # measured 0.33: still mostly on the old arm (0.65)
     assert "reward shift: the mean reward fell" in caplog.text
+
+
+def falling_reward(fall_at: int) -> object:
+    """Arm 0 pays with probability 0.8, arm 3 with 0.4, the others 0.1; from call ``fall_at`` on
+    every reward is r - 0.5 (the task got harder by the same amount for every arm)."""
+    calls = [0]
+    gen = torch.Generator().manual_seed(7)
+
+    def reward(states: Tensor, actions: Tensor) -> Tensor:
+        calls[0] += 1
+        p = torch.tensor([0.8, 0.1, 0.1, 0.4, 0.1])
+        r = (torch.rand(actions.shape, generator=gen) < p[actions]).float()
+        return r - 0.5 if calls[0] > fall_at else r
+
+    return reward
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_preset_gives_a_policy_back_when_every_reward_fell(caplog: pytest.LogCaptureFixture) -> None:
+    """Every reward falls by 0.5 at step 120: the drop restarts the policy on probation, the
+    restarted policy's groups still favour arm 0, and the incumbent comes back bitwise; the drop
+    alone (the rule before the probation) would have left the policy restarted."""
+    tr = trainer(falling_reward(120))
+    watch = tr.reward_shift
+    assert watch is not None
+    flags, incumbent = [], None
+    for _ in range(200):
+        m = tr.step(torch.zeros(1, 1))
+        flags.append((m["restart/reward_shift"], m["restart/given_back"]))
+        if m["restart/reward_shift"] == 1.0:
+            assert watch.incumbent is not None
+            incumbent = watch.incumbent[0].clone()
+            assert torch.equal(tr.policy.net.theta.detach(), torch.zeros(5))  # restarted
+        if m["restart/given_back"] == 1.0:
+            assert incumbent is not None
+            assert torch.equal(tr.policy.net.theta.detach(), incumbent)  # given back bitwise
+    restarts = [i for i, f in enumerate(flags) if f[0] == 1.0]
+    backs = [i for i, f in enumerate(flags) if f[1] == 1.0]
+    assert restarts
+    assert 120 <= restarts[0] < 135
+    assert len(backs) == len(restarts)  # every restart given back
+    assert all(
+        0 < b - r <= CONFIRM_GROUPS for r, b in zip(restarts, backs, strict=True)
+    )  # B = 1: one group a step
+    assert torch.softmax(tr.policy.net.theta.detach(), 0)[0] > 0.95
+    assert "still favour the policy it replaced" in caplog.text
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_checkpoint_during_a_probation_resumes_it(tmp_path: Path) -> None:
+    tr = trainer(falling_reward(120))
+    watch = tr.reward_shift
+    assert watch is not None
+    while watch.incumbent is None:
+        tr.step(torch.zeros(1, 1))
+        assert tr.step_count < 200
+    tr.step(torch.zeros(1, 1))
+    assert watch.incumbent is not None
+    path = tr.save_checkpoint(tmp_path / "ckpt")
+    other = trainer(falling_reward(0), seed=1)
+    other.load_checkpoint(path)
+    assert other.reward_shift is not None
+    assert other.reward_shift.incumbent is not None
+    assert torch.equal(other.reward_shift.incumbent[0], watch.incumbent[0])
+    assert without_start(other.reward_shift.state_dict()) == without_start(watch.state_dict())
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

@@ -285,6 +285,7 @@ def test_optional_glossary_keys_appear_exactly_when_their_option_is_on() -> None
         "sampler/is_frac_capped",
         "optim/adaptive_lr",
         "restart/reward_shift",
+        "restart/given_back",
     }
     always = set(glossary_keys())
     on = make_trainer(
