@@ -27,7 +27,10 @@ from typing import Literal
 
 import torch
 
-__all__ = ["LR_SCHEDULES", "LRSchedule", "LRScheduleName", "build_scheduler"]
+__all__ = ["LR_SCHEDULES", "LRSchedule", "LRScheduleName", "build_scheduler", "schedule_length_problem"]
+
+MIN_SCHEDULE_TRAINER_STEPS = 10
+"""A decaying schedule shorter than this many trainer steps is warned about when a trainer is built."""
 
 LRScheduleName = Literal["constant", "linear", "cosine"]
 LR_SCHEDULES: tuple[str, ...] = ("constant", "linear", "cosine")
@@ -109,3 +112,41 @@ def build_scheduler(
         return None
     schedule = LRSchedule(name, warmup_steps, total_steps, lr_min_ratio)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
+def schedule_length_problem(
+    name: str, total_steps: int | None, optimizer_steps_per_step: int, num_steps: int | None = None
+) -> str | None:
+    """Why a decaying schedule cannot match the run, or None.
+
+    ``total_steps`` S counts optimizer steps, K = ``optimizer_steps_per_step`` per trainer step,
+    so the schedule reaches its final rate after ``ceil(S / K)`` trainer steps. Without
+    ``num_steps`` (a trainer being built): a problem when that is fewer than
+    `MIN_SCHEDULE_TRAINER_STEPS` trainer steps (the usual cause: S given in trainer steps). With
+    ``num_steps`` N (``train``): a problem when it ends more than ``max(1, N / 10)`` trainer steps
+    before N (the rest of the run would train at the final rate). A schedule longer than the run
+    is no problem: a later ``train`` call may continue it.
+    """
+    if name == "constant" or total_steps is None or optimizer_steps_per_step < 1:
+        return None
+    k = optimizer_steps_per_step
+    end = math.ceil(total_steps / k)
+    if num_steps is None:
+        if end >= MIN_SCHEDULE_TRAINER_STEPS:
+            return None
+        where = f"within the first {end} trainer step{'s' if end > 1 else ''}"
+    elif end >= num_steps - max(1, num_steps // 10):
+        return None
+    else:
+        where = f"at trainer step {end} of the {num_steps} this run makes"
+    fix = (
+        f"total_steps = {num_steps} * {k} = {num_steps * k}"
+        if num_steps
+        else f"total_steps = num_steps * {k}"
+    )
+    return (
+        f"lr_schedule={name!r} reaches its final rate {where}: GRPOConfig.total_steps={total_steps} "
+        f"counts optimizer steps, and each trainer step makes {k} (optimizer_steps_per_step = "
+        f"num_epochs_per_update * batch_size / mini_batch_size). For a schedule over the whole run, "
+        f"set {fix}."
+    )

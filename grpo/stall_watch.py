@@ -29,6 +29,9 @@ lowest ``reward/min`` and the highest ``reward/max``):
 * several values: every group is uniform, at different values (some groups all fail, others all
   succeed). Remedy: states of intermediate difficulty, larger groups, the bonus.
 
+A run of flat steps whose case is *all succeed* is not a stall but a solved task: no warning,
+one INFO log line (`logging`, logger ``grpo.stall_watch``) saying so, with the values.
+
 **The update is vanishingly small next to the weights.** ``optim/update_ratio`` =
 ``||theta_after - theta_before|| / ||theta_before||`` (`grpo.guard`) below ``update_ratio_floor``
 (default `UPDATE_RATIO_FLOOR` = 1e-7: a float32 weight cannot even represent a relative change
@@ -37,6 +40,19 @@ rate and the step's signals that point at a cause: the learning rate too small f
 (nearly) zero advantages, every ratio clipped, a tiny gradient. Not raised while the first stall
 is on (that one names the cause), nor on steps whose update the guard undid
 (``optim/non_finite_steps`` grew; it warned already), nor where the ratio is NaN (not measured).
+Such a run has three causes, told apart in this order:
+
+* the learning-rate schedule has ended: a decaying ``lr_schedule`` is past ``total_steps``, which
+  counts *optimizer* steps (``optimizer_steps_per_step`` per trainer step), so a value meant in
+  trainer steps ends the schedule that many times too early. A StallWarning names the schedule,
+  the steps and the value to set;
+* the policy has converged: it is near deterministic (``policy/entropy`` below
+  `CONVERGED_ENTROPY` nats per step, fewer than ~1.3 equally likely actions) and its rewards are
+  at their running best (an EMA of ``reward/mean`` with rate 0.05 within 10% of the covered
+  reward range of its highest value so far: the noise of a few samples a step stays inside).
+  Success, not a stall: no warning, one INFO line;
+* otherwise a stall: a StallWarning with the signals that point at a cause (the learning rate
+  too small for the network, (nearly) zero advantages, every ratio clipped, a tiny gradient).
 
 A step that is not stalled ends the stall; the next one warns again. Silence the warnings with
 ``warnings.filterwarnings("ignore", category=grpo.StallWarning)``, or ``StallWatch(steps=None)``.
@@ -45,19 +61,30 @@ The counters are not part of checkpoints: a resumed run counts from 0.
 
 from __future__ import annotations
 
+import logging
 import math
+import os
+import sys
 import warnings
 from collections import deque
 from collections.abc import Mapping, MutableMapping
 from typing import Any, Literal, TypeVar
 
-__all__ = ["STALL_STEPS", "UPDATE_RATIO_FLOOR", "StallWarning", "StallWatch"]
+__all__ = ["CONVERGED_ENTROPY", "STALL_STEPS", "UPDATE_RATIO_FLOOR", "StallWarning", "StallWatch"]
+
+logger = logging.getLogger(__name__)
 
 STALL_STEPS = 5
 """Consecutive stalled steps before `StallWatch` warns."""
 
 UPDATE_RATIO_FLOOR = 1e-7
 """``optim/update_ratio`` below this is "vanishingly small" (float32 resolves ~6e-8 relative)."""
+
+CONVERGED_ENTROPY = 0.25
+"""``policy/entropy`` (nats per step) below which a policy counts as near deterministic."""
+
+_REWARD_RATE = 0.05  # the EMA of reward/mean that tells "at its running best"
+_AT_BEST = 0.1  # within this fraction of the covered reward range of the best EMA
 
 BONUS_REMEDY = (
     "give the groups a signal that varies within them: add a small exploration bonus to the reward, "
@@ -98,6 +125,9 @@ class StallWatch:
         entropy_coeff: the loss's entropy term coefficient, named in the message likewise.
         optimizer: its first parameter group's learning rate is quoted in the update-size
             message (None: not quoted).
+        scheduler: the trainer's `LambdaLR` over a `grpo.lr_schedules.LRSchedule` (None: no
+            schedule), read to tell a schedule that has ended from a stall.
+        optimizer_steps_per_step: optimizer steps per trainer step, quoted with the schedule.
     """
 
     def __init__(
@@ -108,6 +138,8 @@ class StallWatch:
         kl_coeff: float = 0.0,
         entropy_coeff: float = 0.0,
         optimizer: Any = None,
+        scheduler: Any = None,
+        optimizer_steps_per_step: int | None = None,
     ) -> None:
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
             raise ValueError(f"StallWatch(steps={steps!r}): expected an int >= 1, or None to never warn.")
@@ -117,6 +149,10 @@ class StallWatch:
         self.update_ratio_floor = update_ratio_floor
         self.kl_coeff, self.entropy_coeff = kl_coeff, entropy_coeff
         self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.optimizer_steps_per_step = optimizer_steps_per_step
+        self.reward_ema = math.nan  # EMA of reward/mean and its highest value so far
+        self.best_ema = -math.inf
         self.lowest = math.inf  # lowest / highest reward seen outside flat runs
         self.highest = -math.inf
         keep = steps or 1
@@ -130,19 +166,23 @@ class StallWatch:
         self._non_finite = 0.0  # optim/non_finite_steps of the last step (cumulative)
 
     @classmethod
-    def from_config(cls, config: Any, optimizer: Any = None) -> StallWatch:
+    def from_config(cls, config: Any, optimizer: Any = None, scheduler: Any = None) -> StallWatch:
         """A watch with the default thresholds and ``config``'s ``kl_coeff`` / ``entropy_coeff``."""
-        return cls(kl_coeff=config.kl_coeff, entropy_coeff=config.entropy_coeff, optimizer=optimizer)
+        return cls(
+            kl_coeff=config.kl_coeff, entropy_coeff=config.entropy_coeff, optimizer=optimizer,
+            scheduler=scheduler, optimizer_steps_per_step=config.optimizer_steps_per_step,
+        )  # fmt: skip
 
     def observe(self, metrics: M) -> M:
         """Read one step's metrics (`grpo.metrics` names); warn on a stall. Returns ``metrics``."""
         self._steps_seen += 1
         flat = _all_groups_flat(metrics)
+        self._track_reward(metrics)
         if flat:
             self._flat.append(dict(metrics))
             self.flat_steps += 1
             if self.flat_steps == self.steps:
-                self._warn(self._flat_message())
+                self._flat_stall()
         else:
             self._flat.clear()
             self.flat_steps = 0
@@ -152,7 +192,37 @@ class StallWatch:
         self._watch_update(metrics, flat)
         return metrics
 
+    def _track_reward(self, metrics: Mapping[str, float]) -> None:
+        r = metrics.get("reward/mean")
+        if r is None or not math.isfinite(r):
+            return
+        self.reward_ema = (
+            r if math.isnan(self.reward_ema) else self.reward_ema + _REWARD_RATE * (r - self.reward_ema)
+        )
+        self.best_ema = max(self.best_ema, self.reward_ema)
+
+    def converged(self, metrics: Mapping[str, float]) -> bool:
+        """Near deterministic (``policy/entropy`` < `CONVERGED_ENTROPY`) with its rewards at their
+        running best (module docstring)."""
+        entropy = metrics.get("policy/entropy", math.nan)
+        if not entropy < CONVERGED_ENTROPY or math.isnan(self.reward_ema):
+            return False
+        covered = self.highest - self.lowest if self.highest > self.lowest else 0.0
+        return self.reward_ema >= self.best_ema - _AT_BEST * covered
+
     # ---- all groups flat ---------------------------------------------------------------------
+    def _flat_stall(self) -> None:
+        case, values = self._case()
+        if case == "succeed":  # a solved task, not a stall
+            logger.info(
+                "solved: for the last %d steps every sample reached the highest reward seen (%s); "
+                "nothing is left to learn from these states: stop (EarlyStopping on "
+                "eval/reward/mean) or train on harder ones.",
+                len(self._flat), values,
+            )  # fmt: skip
+            return
+        self._warn(self._flat_message())
+
     def _case(self) -> tuple[Case, str]:
         """Which flat case the current run is, and the reward value(s) in words."""
         lo = min(m["reward/min"] for m in self._flat)
@@ -221,8 +291,50 @@ class StallWatch:
             return
         self._small.append(dict(metrics))
         self.small_steps += 1
-        if self.small_steps == self.steps:
+        if self.small_steps != self.steps:
+            return
+        ended = self._schedule_ended()
+        if ended is not None:
+            self._warn(ended)
+        elif self.converged(metrics):
+            logger.info(
+                "converged: the policy is near deterministic (policy/entropy %s < %s nats per step) and "
+                "its rewards are at their best (running mean %s), so its updates have become "
+                "vanishingly small (optim/update_ratio %s). Success, not a stall: stop (EarlyStopping "
+                "on eval/reward/mean) or train on harder states.",
+                _fmt(metrics.get("policy/entropy", math.nan)), _fmt(CONVERGED_ENTROPY),
+                _fmt(self.reward_ema), _fmt(metrics.get("optim/update_ratio", math.nan)),
+            )  # fmt: skip
+        else:
             self._warn(self._update_message())
+
+    def _schedule_ended(self) -> str | None:
+        """The message when a decaying learning-rate schedule is past its ``total_steps``."""
+        lambdas = getattr(self.scheduler, "lr_lambdas", None)
+        schedule = lambdas[0] if lambdas else None
+        total = getattr(schedule, "total_steps", None)
+        name = getattr(schedule, "name", "constant")
+        done = getattr(self.scheduler, "last_epoch", 0)
+        if name == "constant" or total is None or done < total:
+            return None
+        k = self.optimizer_steps_per_step
+        per = (
+            f" There are {k} optimizer steps per trainer step (optimizer_steps_per_step), so the "
+            f"schedule ended after trainer step {math.ceil(total / k)}."
+            if k
+            else ""
+        )
+        lr = self._learning_rate()
+        return (
+            f"the learning-rate schedule has ended: lr_schedule={name!r} reached its final rate "
+            f"(lr_min_ratio={_fmt(getattr(schedule, 'lr_min_ratio', math.nan))}"
+            + (f", lr={_fmt(lr)}" if lr is not None else "")
+            + f") at total_steps={total}, and {done} optimizer steps have run, so the weights barely "
+            f"move (optim/update_ratio below {_fmt(self.update_ratio_floor)} for {len(self._small)} "
+            f"steps). GRPOConfig.total_steps counts optimizer steps, not trainer steps.{per} Set "
+            f"total_steps = num_steps * optimizer_steps_per_step for the run you intend, or a "
+            f"non-zero lr_min_ratio."
+        )
 
     def _update_message(self) -> str:
         ms = self._small
@@ -264,8 +376,17 @@ class StallWatch:
             return None
 
     def _warn(self, message: str) -> None:
-        # stacklevel: _warn <- observe <- GRPOTrainer._learn <- step / train_on_batch <- caller
-        warnings.warn(message, StallWarning, stacklevel=5)
+        warnings.warn(message, StallWarning, stacklevel=_caller_stacklevel())
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning raised in `StallWatch._warn` at the first frame
+    outside the ``grpo`` package: the user's line that called ``step`` / ``train``."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1  # _warn's frame
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _largest_advantage(metrics: Mapping[str, float]) -> float:

@@ -89,6 +89,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sequenti
 from grpo.callbacks import HOOKS, TrainerLike, TrainState
 from grpo.distributed import get_world_size, is_main_process, rank_batches
 from grpo.experience_collector import ExperienceCollector, select_rows
+from grpo.lr_schedules import schedule_length_problem
 from grpo.metric_sinks import format_metrics
 
 __all__ = [
@@ -732,6 +733,12 @@ def train(
     save = (
         _require_method(trainer, "save_checkpoint", "checkpoint_dir") if checkpoint_dir is not None else None
     )
+
+    problem = schedule_length_problem(
+        cfg.lr_schedule, cfg.total_steps, cfg.optimizer_steps_per_step, num_steps
+    )
+    if problem is not None:
+        warnings.warn(problem, UserWarning, stacklevel=2)
 
     state = TrainState(trainer=trainer, num_steps=num_steps)
     if resume_from is not None:

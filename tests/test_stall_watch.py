@@ -3,6 +3,7 @@ size of the update, and `grpo.exploration`'s bonus makes an all-fail task learn.
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 from collections.abc import Callable
@@ -14,7 +15,9 @@ import torch
 from torch import Tensor
 
 from grpo import CombinedReward, GRPOConfig, GRPOTrainer, StallWarning, StallWatch, categorical_mlp
-from grpo.stall_watch import STALL_STEPS
+from grpo.lr_schedules import schedule_length_problem
+from grpo.stall_watch import CONVERGED_ENTROPY, STALL_STEPS
+from grpo.training_loop import train
 from tests.conftest import ContextualBandit, bandit_policy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -85,19 +88,23 @@ def test_with_kl_and_entropy_terms_the_warning_names_the_gradient_left() -> None
         trainer.step(torch.zeros(2, 1))
 
 
-def test_a_task_learned_to_perfection_warns_all_succeed_after_k_flat_steps() -> None:
-    """A 0/1 task (arm 0 pays 1) that the policy learns until every sample succeeds: the warning
-    comes exactly at the K-th consecutive step whose groups were all equal (found independently
-    from the returned metrics), says 'all succeed' and quotes the earlier failures."""
+def test_a_task_learned_to_perfection_is_solved_not_stalled(caplog: pytest.LogCaptureFixture) -> None:
+    """A 0/1 task (arm 0 pays 1) that the policy learns until every sample succeeds: no
+    StallWarning; at exactly the K-th consecutive step whose groups were all equal at the highest
+    reward (found independently from the returned metrics) one INFO line says it is solved."""
     torch.manual_seed(0)
     config = GRPOConfig(group_size=4, batch_size=4, kl_coeff=0.0, learning_rate=0.3, seed=0)
     trainer = GRPOTrainer(config, bandit_policy(3), lambda s, a: (a == 0).float())
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        history = []
-        for _ in range(60):
-            history.append(trainer.step(torch.zeros(4, 1)))
-    messages = [str(w.message) for w in caught if issubclass(w.category, StallWarning)]
+    history, solved_at = [], []
+    with caplog.at_level(logging.INFO, logger="grpo.stall_watch"):
+        for i in range(1, 61):
+            caplog.clear()
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", StallWarning)
+                history.append(trainer.step(torch.zeros(4, 1)))
+            if "solved:" in caplog.text:
+                solved_at.append(i)
+                message = caplog.text
     run, expected_at = 0, None
     for i, m in enumerate(history, 1):
         run = run + 1 if m["reward/min"] == m["reward/max"] == 1.0 else 0
@@ -106,10 +113,8 @@ def test_a_task_learned_to_perfection_warns_all_succeed_after_k_flat_steps() -> 
             break
     assert expected_at is not None, "the policy did not learn to always succeed"
     assert history[0]["reward/min"] == 0.0  # it started by failing sometimes
-    first = next(m for m in messages if "succeed" in m)
-    assert f"(steps {expected_at - STALL_STEPS + 1}-{expected_at})" in first
-    assert "(all 1, the highest reward seen so far (earlier steps had 0))" in first
-    assert "Every sample succeeds. Remedy: these states are too easy" in first
+    assert solved_at[0] == expected_at
+    assert "every sample reached the highest reward seen (all 1, the highest reward seen so far" in message
 
 
 def test_all_fail_and_mixed_uniform_groups_are_told_apart() -> None:
@@ -147,6 +152,120 @@ def test_a_task_that_learns_never_warns(contextual: ContextualBandit) -> None:
     assert warned == {}
     assert contextual.score(policy) > before + 0.3  # it did learn
     assert all(m["optim/update_ratio"] > 1e-4 for m in history)
+
+
+def bernoulli_arms(means: list[float], seed: int = 0) -> Callable[[Tensor, Tensor], Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    p = torch.tensor(means)
+    return lambda states, actions: torch.bernoulli(p[actions], generator=gen)
+
+
+def test_a_converged_bandit_runs_long_without_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """The small_policy preset on a 10-armed Bernoulli bandit (B = 1, G = 8): it learns the best
+    arm (P > 0.95, policy/entropy below CONVERGED_ENTROPY), its updates become vanishingly small
+    (optim/update_ratio < 1e-7 for K steps in a row: what warned before), and 400 steps raise no
+    StallWarning; one INFO line says it converged."""
+    torch.manual_seed(0)
+    config = GRPOConfig.recipe("small_policy", group_size=8, batch_size=1, seed=0)
+    policy = bandit_policy(10)
+    means = [0.2, 0.3, 0.85, 0.4, 0.1, 0.5, 0.3, 0.2, 0.45, 0.35]
+    trainer = GRPOTrainer(config, policy, bernoulli_arms(means))
+    with caplog.at_level(logging.INFO, logger="grpo.stall_watch"):
+        history, warned = _steps(trainer, lambda: torch.zeros(1, 1), 400)
+    assert warned == {}
+    run = longest = 0
+    for m in history:
+        run = run + 1 if m["optim/update_ratio"] < 1e-7 else 0
+        longest = max(longest, run)
+    assert longest >= STALL_STEPS  # the update did vanish: the old watch warned here
+    with torch.no_grad():
+        p_best = torch.softmax(policy.net.logits, -1)[2]
+    assert p_best > 0.95
+    assert history[-1]["policy/entropy"] < CONVERGED_ENTROPY
+    assert "converged: the policy is near deterministic" in caplog.text
+
+
+def test_a_vanishing_update_of_a_policy_that_is_not_deterministic_still_warns() -> None:
+    """The same signals as a converged policy but a uniform one (entropy log 10): a stall."""
+    watch = StallWatch(steps=2)
+    small = {"reward/mean": 0.5, "reward/min": 0.0, "reward/max": 1.0, "reward/frac_zero_std": 0.0,
+             "advantage/min": -1.0, "advantage/max": 1.0, "optim/update_ratio": 1e-9,
+             "policy/entropy": math.log(10)}  # fmt: skip
+    watch.observe(dict(small))
+    with pytest.warns(StallWarning, match="the policy has effectively stopped changing"):
+        watch.observe(dict(small))
+    assert not watch.converged(small)
+    assert watch.converged({**small, "policy/entropy": 0.1})
+
+
+def test_a_schedule_that_ended_is_named_not_the_learning_rate(caplog: pytest.LogCaptureFixture) -> None:
+    """A cosine schedule whose total_steps was meant in trainer steps: the preset makes 40
+    optimizer steps per trainer step, so total_steps=60 ends in trainer step 2. Building the trainer
+    warns (the unit of total_steps); once the rate is 0 the StallWarning names the schedule, not
+    'raise GRPOConfig.learning_rate'."""
+    torch.manual_seed(0)
+    config = GRPOConfig.recipe(
+        "small_policy", group_size=8, batch_size=4, seed=0, lr_schedule="cosine", total_steps=60
+    )
+    assert config.optimizer_steps_per_step == 40
+    with pytest.warns(
+        UserWarning,
+        match=r"reaches its final rate within the first 2 trainer steps: "
+        r"GRPOConfig.total_steps=60 counts optimizer steps, and each trainer step makes 40",
+    ):
+        trainer = GRPOTrainer(config, bandit_policy(5), bernoulli_arms([0.2, 0.5, 0.4, 0.3, 0.1]))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for _ in range(2 + STALL_STEPS):
+            trainer.step(torch.zeros(4, 1))
+    stalls = [w for w in record if issubclass(w.category, StallWarning)]
+    assert len(stalls) == 1
+    message = str(stalls[0].message)
+    assert "the learning-rate schedule has ended: lr_schedule='cosine'" in message
+    assert "at total_steps=60" in message
+    assert "schedule ended after trainer step 2" in message
+    assert "raise GRPOConfig.learning_rate" not in message
+
+
+def test_schedule_length_problem() -> None:
+    assert schedule_length_problem("constant", None, 40) is None
+    assert schedule_length_problem("linear", 400, 40) is None  # 10 trainer steps
+    assert "within the first 9 trainer steps" in str(schedule_length_problem("linear", 360, 40))
+    assert "within the first 1 trainer step:" in str(schedule_length_problem("cosine", 3, 4))
+    assert "within the first 1 trainer step:" in str(schedule_length_problem("cosine", 4, 4))
+    assert schedule_length_problem("cosine", 4000, 40, num_steps=100) is None
+    assert schedule_length_problem("cosine", 3640, 40, num_steps=100) is None  # within N / 10
+    assert schedule_length_problem("cosine", 8000, 40, num_steps=100) is None  # a later train() continues
+    wrong = schedule_length_problem("cosine", 100, 40, num_steps=100)
+    assert "at trainer step 3 of the 100 this run makes" in str(wrong)
+    assert "set total_steps = 100 * 40 = 4000." in str(wrong)
+
+
+@pytest.mark.filterwarnings("ignore::grpo.StallWarning")  # the schedule then ends: tested above
+def test_train_warns_when_the_schedule_does_not_span_the_run() -> None:
+    """A schedule of 12 trainer steps in a run of 30 warns; one longer than the run does not."""
+    config = GRPOConfig(group_size=4, batch_size=4, lr_schedule="linear", total_steps=12, seed=0)
+    trainer = GRPOTrainer(config, bandit_policy(3), lambda s, a: (a == 0).float())
+    with pytest.warns(
+        UserWarning, match=r"at trainer step 12 of the 30 this run makes.*total_steps = 30 \* 1 = 30"
+    ):
+        train(trainer, lambda b: torch.zeros(b, 1), num_steps=30, progress=False)
+    longer = GRPOTrainer(config, bandit_policy(3), lambda s, a: (a == 0).float())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        train(longer, lambda b: torch.zeros(b, 1), num_steps=6, progress=False)
+
+
+def test_a_stall_warning_points_at_the_callers_line() -> None:
+    torch.manual_seed(0)
+    config = GRPOConfig(group_size=4, batch_size=4, kl_coeff=0.0, seed=0)
+    trainer = GRPOTrainer(config, bandit_policy(3), lambda s, a: torch.zeros(len(a)))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for _ in range(STALL_STEPS):
+            trainer.step(torch.zeros(4, 1))
+    stalls = [w for w in record if issubclass(w.category, StallWarning)]
+    assert [w.filename for w in stalls] == [__file__]
 
 
 # ---- the size of the update -----------------------------------------------------------------------
