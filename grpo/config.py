@@ -590,7 +590,10 @@ class GRPOConfig:
         check_float("learning_rate", 0.0, False, finite=True)
         check_float("weight_decay", 0.0, True, finite=True)
         if not _is_exactly_one(self.clip_epsilon):  # 1.0 = no lower bound (CISPO's IS weight)
-            check_float("clip_epsilon", 0.0, False, 1.0)
+            try:
+                check_float("clip_epsilon", 0.0, False, 1.0)
+            except ValueError as e:
+                raise ValueError(f"{e} Exactly 1 is allowed too: no lower bound on the ratio.") from None
         if self.clip_epsilon_high is not None:
             check_float("clip_epsilon_high", 0.0, False)
         # finite: inf makes every loss non-finite (kl_coeff, entropy_coeff) or every advantage 0

@@ -21,6 +21,7 @@ them equal: ``python -m grpo.metrics > docs/metrics.md`` rewrites it).
 
 from __future__ import annotations
 
+import math
 import re
 import zlib
 from collections.abc import Callable, Mapping
@@ -36,6 +37,7 @@ __all__ = [
     "Metric",
     "Reduction",
     "StepCounts",
+    "empty_extremes_as_nan",
     "glossary_markdown",
     "metric",
     "reduce_across_ranks",
@@ -167,8 +169,18 @@ METRICS: tuple[Metric, ...] = (
         "step",
         "Mean importance ratio `ρ = π_θ / π_old` over the update." + _UPDATE_NOTE,
     ),
-    _m("ratio/min", "min", "step", "Smallest ratio over the update." + _UPDATE_NOTE),
-    _m("ratio/max", "max", "step", "Largest ratio over the update." + _UPDATE_NOTE),
+    _m(
+        "ratio/min",
+        "min",
+        "step",
+        "Smallest ratio over the update; NaN when it had no valid step (every group dropped)." + _UPDATE_NOTE,
+    ),
+    _m(
+        "ratio/max",
+        "max",
+        "step",
+        "Largest ratio over the update; NaN when it had no valid step (every group dropped)." + _UPDATE_NOTE,
+    ),
     _m(
         "grad/norm",
         "global",
@@ -344,6 +356,15 @@ def _reduce_column(name: str, cols: Mapping[str, Tensor], counts: Mapping[str, T
     if kind == "min":
         return v.min()
     return v.mean()
+
+
+def empty_extremes_as_nan(metrics: dict[str, float]) -> dict[str, float]:
+    """``ratio/min`` / ``ratio/max`` of an update without a valid step are the empty min / max
+    (+inf / -inf, what the reduction across processes needs); after it they become NaN."""
+    lo, hi = metrics.get("ratio/min"), metrics.get("ratio/max")
+    if lo is not None and hi is not None and lo > hi:
+        metrics["ratio/min"] = metrics["ratio/max"] = math.nan
+    return metrics
 
 
 def reduce_across_ranks(

@@ -51,7 +51,7 @@ from grpo.grpo_objective import GRPOObjective
 from grpo.guard import UpdateGuard
 from grpo.kl import KLFn
 from grpo.lr_schedules import schedule_length_problem
-from grpo.metrics import StepCounts
+from grpo.metrics import StepCounts, empty_extremes_as_nan
 from grpo.policy_base import EntropyRequest, PolicyModel, has_method, set_training_mode
 from grpo.policy_losses import PolicyLossFn
 from grpo.reward_model_base import RewardModel
@@ -271,6 +271,7 @@ class GRPOTrainer(TrainerStateMixin):
         if self.backend is not None:
             counts = StepCounts(float(batch.num_samples), float(batch.num_groups), valid_steps)
             metrics = self.backend.reduce_metrics(metrics, counts)
+        metrics = empty_extremes_as_nan(metrics)  # an update without a valid step has no ratio
         metrics = self.stall_watch.observe(metrics)  # warns (StallWarning) when learning has stalled
         if self.reward_shift is not None:  # restarts on a change of the task (grpo/reward_shift.py)
             metrics = self._observe_reward_shift(self.reward_shift, batch, adv, metrics)

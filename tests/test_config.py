@@ -20,7 +20,7 @@ def test_group_size_one_explains_why() -> None:
         ({"batch_size": 0}, r"batch_size=0 .*integer >= 1"),
         ({"learning_rate": 0.0}, r"learning_rate=0.0 .*number > 0"),
         ({"learning_rate": float("nan")}, r"learning_rate=nan"),
-        ({"clip_epsilon": 1.5}, r"clip_epsilon=1.5 .*> 0.0 and < 1.0"),
+        ({"clip_epsilon": 1.5}, r"clip_epsilon=1.5 .*> 0.0 and < 1.0.*Exactly 1 is allowed too"),
         ({"kl_coeff": -0.1}, r"kl_coeff=-0.1 .*>= 0.0"),
         ({"kl_estimator": "k5"}, r"kl_estimator='k5'.*\('k1', 'k2', 'k3'\)"),
         ({"loss_aggregation": "sum"}, r"loss_aggregation='sum'.*token-mean"),

@@ -341,7 +341,7 @@ def test_a_vanishing_update_warns_after_k_steps_with_the_ratio_and_the_learning_
 gym = pytest.importorskip("gymnasium")
 
 from grpo.exploration import EpisodeSpread  # noqa: E402
-from grpo.gym_episodes import EpisodePolicy, EpisodeReturn, evaluate_episodes  # noqa: E402
+from grpo.gym_episodes import EpisodePolicy, EpisodeReturn, EpisodeRewards, evaluate_episodes  # noqa: E402
 
 
 class Corridor(gym.Env):  # type: ignore[misc]
@@ -413,3 +413,20 @@ def test_the_spread_bonus_makes_an_all_fail_task_learn_where_plain_grpo_stalls()
         assert all("Every sample succeeds" in m for m in warned_bonus.values()), (seed, warned_bonus)
         assert success > 0.9, seed
         assert task_bonus[-1] > 0.5, (seed, task_bonus)
+
+
+@pytest.mark.slow
+def test_a_solved_cartpole_runs_long_without_a_warning() -> None:
+    """The small_policy preset on CartPole-v1 (episodes capped at 200 steps): it balances every
+    training episode for the last 30 of 80 steps (mean return >= 195 of 200) and no
+    StallWarning is raised on the way or after."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    policy = EpisodePolicy("CartPole-v1", categorical_mlp(obs_dim=4, num_actions=2), max_steps=200)
+    config = GRPOConfig.recipe("small_policy", group_size=4, batch_size=4, seed=0)
+    trainer = GRPOTrainer(config, policy, EpisodeRewards())
+    history, warned = _steps(trainer, lambda: rng.integers(0, 2**20, size=4).tolist(), 80)
+    policy.close()
+    assert warned == {}
+    late = [m["reward/mean"] for m in history[-30:]]
+    assert sum(late) / len(late) >= 195.0, late  # solved
