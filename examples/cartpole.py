@@ -8,7 +8,8 @@ policy (argmax) averages >= 475 over 10 evaluation episodes (full 500-step episo
 are disjoint from the training seeds. ``--train-horizon N`` caps
 training episodes at N steps (default: the env's own 500).
 
-Run: ``python examples/cartpole.py --seeds 0 1 2`` (needs ``pip install grpo[gym]``).
+Run: ``python examples/cartpole.py --seeds 0 1 2`` (needs the gym extra: ``pip install -e ".[gym]"``
+in a checkout).
 """
 
 from __future__ import annotations

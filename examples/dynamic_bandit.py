@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from torch.distributions import Categorical
 
 from grpo import DistributionPolicy, GRPOConfig, GRPOTrainer
+from grpo.extras import install_hint
 
 
 # ---- the environment -----------------------------------------------------------------------
@@ -205,7 +206,7 @@ def summary(
     return out
 
 
-# ---- plots (matplotlib is imported here only: pip install grpo[notebook]) -----------------
+# ---- plots (matplotlib is imported here only: the notebook extra) -------------------------
 def _plt() -> Any:
     try:
         import matplotlib
@@ -214,7 +215,7 @@ def _plt() -> Any:
             matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:  # pragma: no cover
-        raise ImportError("the plots need matplotlib: pip install 'grpo[notebook]'") from e
+        raise ImportError(f"the plots need matplotlib: {install_hint('notebook')}") from e
     return plt
 
 

@@ -1,6 +1,6 @@
 """GRPO on GSM8K with Qwen2.5-0.5B-Instruct: the real recipe for a GPU user (not run in CI).
 
-    pip install "grpo[llm]"
+    pip install "torch-grpo[llm]"     # or, in a checkout: pip install -e ".[llm]"
     python examples/llm_gsm8k.py --steps 500                      # full fine-tuning, one GPU
     python examples/llm_gsm8k.py --lora --learning-rate 1e-5      # LoRA; reference = base model
 

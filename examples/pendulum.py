@@ -5,7 +5,7 @@ reach ``random + (-200 - random) / 2``. The random baseline (uniform actions in 
 trained policy's deterministic return (the Gaussian's mean) are measured on the same 20
 evaluation seeds, disjoint from the training seeds.
 
-Run: ``python examples/pendulum.py`` (needs ``pip install grpo[gym]``).
+Run: ``python examples/pendulum.py`` (needs the gym extra: ``pip install -e ".[gym]"`` in a checkout).
 """
 
 from __future__ import annotations

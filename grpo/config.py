@@ -493,8 +493,9 @@ class GRPOConfig:
     deepspeed: str = field(
         default="auto",
         metadata=_help(
-            "DeepSpeed ZeRO-1/2/3 for the backward pass and optimizer step (pip install "
-            "\"grpo[deepspeed]\"; see grpo.deepspeed_engine and docs/scaling.md). 'auto': when "
+            "DeepSpeed ZeRO-1/2/3 for the backward pass and optimizer step (the 'deepspeed' extra: "
+            "pip install 'torch-grpo[deepspeed]'; see grpo.deepspeed_engine and docs/scaling.md). "
+            "'auto': when "
             "accelerate launch was configured for DeepSpeed (ACCELERATE_USE_DEEPSPEED=true), its "
             "DeepSpeed config; otherwise off. 'off': never. Any other value: the path of a "
             "DeepSpeed JSON config."

@@ -6,7 +6,7 @@ Turned on by ``GRPOConfig(deepspeed=...)``: a path to a DeepSpeed JSON config, o
 default), which follows ``accelerate launch`` — when accelerate was configured for DeepSpeed it
 exports ``ACCELERATE_USE_DEEPSPEED=true`` and ``ACCELERATE_DEEPSPEED_CONFIG_FILE`` (or the ZeRO
 stage, offload, clipping and mixed-precision settings as variables), and those are read here.
-Nothing changes in the training script. Needs ``pip install "grpo[deepspeed]"``.
+Nothing changes in the training script. Needs the ``deepspeed`` extra (`grpo.extras.install_hint`).
 
 The update is the same as without DeepSpeed (tested against one process on the global batch):
 
@@ -61,6 +61,7 @@ from torch import Tensor, nn
 
 from grpo.backends import OptimizerStepResult
 from grpo.distributed import DistributedSync
+from grpo.extras import install_hint
 from grpo.metrics import StepCounts, reduce_across_ranks
 
 __all__ = [
@@ -247,8 +248,8 @@ def import_deepspeed() -> Any:
         import deepspeed.ops.adam  # type: ignore[import-untyped,import-not-found,unused-ignore]
     except ImportError as e:
         raise ImportError(
-            "GRPOConfig.deepspeed asks for DeepSpeed, which is not installed. Install it with "
-            "pip install \"grpo[deepspeed]\", or set GRPOConfig(deepspeed='off')."
+            f"GRPOConfig.deepspeed asks for DeepSpeed, which is not installed. Install it with "
+            f"{install_hint('deepspeed')}, or set GRPOConfig(deepspeed='off')."
         ) from e
     return deepspeed
 

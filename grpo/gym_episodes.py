@@ -1,4 +1,4 @@
-"""Gymnasium episodes as GRPO actions (``pip install grpo[gym]``; gymnasium is imported lazily).
+"""Gymnasium episodes as GRPO actions (the ``gym`` extra; gymnasium is imported lazily).
 
 GRPO scores each action against the other actions of its *group*: the G actions sampled for one
 state. For control, the "state" here is an **environment seed** and the "action" is a **whole
@@ -61,6 +61,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Distribution
 
+from grpo.extras import install_hint
 from grpo.policies import DistributionPolicy
 from grpo.policy_base import EntropyRequest, PolicyOutput, entropy_grad_mode
 from grpo.reward_model_base import StatelessReward
@@ -82,7 +83,7 @@ def _gym() -> Any:
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError(
             "grpo.gym_episodes needs gymnasium, which is not installed. Install the extra: "
-            "pip install 'grpo[gym]'"
+            f"{install_hint('gym')}"
         ) from e
     return gymnasium
 

@@ -12,8 +12,8 @@ docs/metrics.md), and ``close`` at the end. A sink works as well in a hand-writt
 
 Always available: `JSONLSink`, `CSVSink`, `LoggingSink`, and `PeriodicSink`, which passes every
 N-th step (and the last) to another sink. `TensorBoardSink` needs the
-``tensorboard`` package (``pip install grpo[logging]``), `WandbSink` needs ``wandb``
-(``pip install grpo[wandb]``); both are imported only when the sink is built.
+``tensorboard`` package (the ``logging`` extra), `WandbSink` needs ``wandb`` (the ``wandb``
+extra; `grpo.extras.install_hint` gives the command); both are imported only when the sink is built.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any, Protocol, runtime_checkable
+
+from grpo.extras import install_hint
 
 __all__ = [
     "CSVSink",
@@ -280,14 +282,14 @@ def _require(module: str, extra: str, what: str) -> ModuleType:
     except ImportError as e:
         raise ImportError(
             f"{what} needs the '{module.split('.')[0]}' package, which is not installed: "
-            f"pip install grpo[{extra}]"
+            f"{install_hint(extra)}"
         ) from e
 
 
 class TensorBoardSink(_Sink):
     """TensorBoard scalars (``torch.utils.tensorboard.SummaryWriter``), one per metric and step.
 
-    Needs ``tensorboard`` (``pip install grpo[logging]``). ``log_config`` stores the config as a
+    Needs ``tensorboard`` (the ``logging`` extra). ``log_config`` stores the config as a
     text summary.
 
     Args:
@@ -319,7 +321,7 @@ class TensorBoardSink(_Sink):
 class WandbSink(_Sink):
     """Weights & Biases: ``wandb.log(metrics, step=step)``.
 
-    Needs ``wandb`` (``pip install grpo[wandb]``). Starts a run with ``wandb.init(**init_kwargs)``
+    Needs ``wandb`` (the ``wandb`` extra). Starts a run with ``wandb.init(**init_kwargs)``
     unless ``run`` is given; ``log_config`` updates ``run.config``; ``close`` finishes a run this
     sink started.
 

@@ -1,6 +1,6 @@
 """The standard training figure: one call from a run's history (or JSONL file) to a PNG.
 
-Needs matplotlib (``pip install grpo[notebook]``), imported when a figure is drawn. The figure is
+Needs matplotlib (the ``notebook`` extra), imported when a figure is drawn. The figure is
 built with matplotlib's object API and the Agg renderer, never ``pyplot``: no window opens, no
 global backend changes, and it works on headless machines and in notebooks.
 
@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from grpo.extras import install_hint
 from grpo.metric_sinks import read_jsonl
 
 __all__ = ["plot_history"]
@@ -67,7 +68,7 @@ def plot_history(
         from matplotlib.figure import Figure
     except ImportError as e:
         raise ImportError(
-            "grpo.plotting needs matplotlib, which is not installed: pip install grpo[notebook]"
+            f"grpo.plotting needs matplotlib, which is not installed: {install_hint('notebook')}"
         ) from e
     if isinstance(history, (str, os.PathLike)):
         if title is None:

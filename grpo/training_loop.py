@@ -89,6 +89,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sequenti
 from grpo.callbacks import HOOKS, TrainerLike, TrainState
 from grpo.distributed import get_world_size, is_main_process, rank_batches
 from grpo.experience_collector import ExperienceCollector, select_rows
+from grpo.extras import install_hint
 from grpo.lr_schedules import schedule_length_problem
 from grpo.metric_sinks import format_metrics
 
@@ -562,9 +563,11 @@ class _Progress:
         except ImportError:
             if mode == "bar":
                 raise ImportError(
-                    "train(progress='bar') needs tqdm, which is not installed: pip install grpo[logging]"
+                    f"train(progress='bar') needs tqdm, which is not installed: {install_hint('logging')}"
                 ) from None
-            logger.info("tqdm is not installed (pip install grpo[logging]); logging progress lines instead.")
+            logger.info(
+                "tqdm is not installed (%s); logging progress lines instead.", install_hint("logging")
+            )
             return
         self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, desc="GRPO")
 

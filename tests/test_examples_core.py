@@ -96,4 +96,4 @@ def test_llm_example_run_without_the_llm_extra_names_it() -> None:
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert out.returncode != 0
-    assert "pip install grpo[llm]" in out.stderr
+    assert "pip install -e '.[llm]'" in out.stderr  # this is a checkout (grpo.extras)

@@ -118,7 +118,9 @@ def test_tensorboard_scalars_read_back(tmp_path: Path) -> None:
 
 def test_wandb_missing_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb now fails, as when not installed
-    with pytest.raises(ImportError, match=r"WandbSink needs the 'wandb' package.*pip install grpo\[wandb\]"):
+    with pytest.raises(
+        ImportError, match=r"WandbSink needs the 'wandb' package.*pip install -e '\.\[wandb\]'"
+    ):
         WandbSink(project="x", mode="disabled")
 
 
@@ -131,7 +133,7 @@ def test_wandb_disabled_run_logs() -> None:
 
 def test_tensorboard_missing_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # as when not installed
-    with pytest.raises(ImportError, match=r"pip install grpo\[logging\]"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[logging\]'"):
         TensorBoardSink(tmp_path)
 
 

@@ -1,7 +1,8 @@
 """grpo.llm: the Hugging Face path — a causal-LM policy, reward helpers, prompt data, a CLI.
 
-Needs the ``llm`` extra (``pip install grpo[llm]``: transformers, peft, accelerate, safetensors,
-datasets, pyyaml, tqdm). ``import grpo`` never imports this package.
+Needs the ``llm`` extra (``pip install 'torch-grpo[llm]'``, or ``pip install -e '.[llm]'`` in a
+checkout: transformers, peft, accelerate, safetensors, datasets, pyyaml, tqdm). ``import grpo``
+never imports this package.
 
     from grpo import GRPOConfig, GRPOTrainer
     from grpo.llm import CausalLMPolicy, RewardFunctions, exact_match_reward, PromptDataset
@@ -18,12 +19,14 @@ See docs/llm.md.
 
 from __future__ import annotations
 
+from grpo.extras import install_hint as _install_hint
+
 try:
     import transformers  # noqa: F401
 except ImportError as _e:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(
         f"grpo.llm needs Hugging Face transformers, which is not installed ({_e}). "
-        "Install the LLM extra: pip install grpo[llm]"
+        f"Install the LLM extra: {_install_hint('llm')}"
     ) from _e
 
 from grpo.llm.data import PromptDataset, prompt_text

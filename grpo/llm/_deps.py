@@ -5,17 +5,18 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-__all__ = ["require"]
+from grpo.extras import install_hint
 
-_HINT = "pip install grpo[llm]"
+__all__ = ["require"]
 
 
 def require(module: str, extra: str = "llm") -> ModuleType:
-    """Import ``module`` or raise ImportError naming ``pip install grpo[<extra>]``."""
+    """Import ``module`` or raise ImportError naming the install command of ``extra``
+    (`grpo.extras.install_hint`)."""
     try:
         return importlib.import_module(module)
     except ImportError as e:
         raise ImportError(
             f"grpo.llm needs the optional package {module.split('.')[0]!r}, which is not installed "
-            f"({e}). Install the LLM extra: pip install grpo[{extra}]"
+            f"({e}). Install the {extra!r} extra: {install_hint(extra)}"
         ) from e
