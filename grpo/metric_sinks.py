@@ -48,7 +48,11 @@ logger = logging.getLogger(__name__)
 
 @runtime_checkable
 class MetricSink(Protocol):
-    """Receives one flat ``{name: float}`` record per step."""
+    """Receives one flat ``{name: float}`` record per step.
+
+    Optional methods `grpo.training_loop.train` calls when present: ``log_config(config)`` once
+    at the start, ``resume(step)`` when it resumes a run at ``step`` (before any record: continue
+    the run's output, dropping records after ``step``), ``flush()`` at the end."""
 
     def write(self, metrics: Mapping[str, float], step: int) -> None: ...
 
@@ -96,24 +100,44 @@ class JSONLSink(_Sink):
 
     Each line is flushed when written, so a crashed run keeps every finished step. Non-finite
     values are written as ``NaN`` / ``Infinity`` (read back by Python's ``json`` and `read_jsonl`).
+    The file is opened at the first record: a new run starts it anew; after `resume` (which
+    ``train(resume_from=...)`` calls) the run's file goes on.
 
     Args:
         path: the file; parent directories are created.
-        append: add to an existing file (e.g. when resuming) instead of starting a new one.
+        append: add to an existing file instead of starting a new one.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, append: bool = False) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a" if append else "w", encoding="utf-8")
+        self._mode = "a" if append else "w"
+        self._file: Any = None
+
+    def resume(self, step: int) -> None:
+        """Continue the run's file after ``step``: its records up to ``step`` stay, later ones
+        (written after the checkpoint the run resumes from, and about to be written again) go."""
+        kept = [r for r in read_jsonl(self.path) if r.get("step", 0.0) <= step] if self.path.exists() else []
+        _replace(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+        self._mode = "a"
 
     def write(self, metrics: Mapping[str, float], step: int) -> None:
+        if self._file is None:
+            self._file = self.path.open(self._mode, encoding="utf-8")
         self._file.write(json.dumps(_record(metrics, step)) + "\n")
         self._file.flush()
 
     def close(self) -> None:
-        if not self._file.closed:
+        if self._file is not None and not self._file.closed:
             self._file.close()
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: a crash leaves the old
+    file or the new one, never half of it."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8", newline="")
+    os.replace(tmp, path)
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, float]]:
@@ -138,7 +162,9 @@ class CSVSink(_Sink):
 
     Columns are the union of the keys seen so far; a step without a key (e.g. ``eval/*`` between
     evaluations) leaves the cell empty. When a later step brings a new key, the file is rewritten
-    once with the wider header, so the file is always a valid table.
+    once with the wider header, so the file is always a valid table. The file is opened at the
+    first record: a new run starts it anew; after `resume` (which ``train(resume_from=...)``
+    calls) the run's table goes on.
 
     Args:
         path: the file; parent directories are created.
@@ -149,30 +175,45 @@ class CSVSink(_Sink):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._columns: list[str] = []
         self._known: set[str] = set()
-        self._file = self.path.open("w", encoding="utf-8", newline="")
-        self._writer = csv.DictWriter(self._file, fieldnames=self._columns, restval="")
+        self._rows: list[dict[str, str]] = []  # the resumed run's rows, written at the first record
+        self._file: Any = None
+        self._writer: Any = None
+
+    def resume(self, step: int) -> None:
+        """Continue the run's table after ``step``: its rows up to ``step`` stay (later ones,
+        written after the checkpoint the run resumes from, go), with its columns."""
+        if not self.path.exists():
+            return
+        with self.path.open(encoding="utf-8", newline="") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            columns = list(reader.fieldnames or [])
+        self._rows = [r for r in rows if float(r.get("step") or 0.0) <= step]
+        self._columns, self._known = columns, set(columns)
 
     def write(self, metrics: Mapping[str, float], step: int) -> None:
         rec = _record(metrics, step)
-        if not self._known.issuperset(rec):
+        if self._file is None or not self._known.issuperset(rec):
             self._widen([k for k in rec if k not in self._known])
         self._writer.writerow(rec)
         self._file.flush()
 
     def _widen(self, new: list[str]) -> None:
-        """Rewrite the file with ``new`` columns appended to the header (old rows kept)."""
-        self._file.close()
-        with self.path.open(encoding="utf-8", newline="") as f:
-            rows = list(csv.DictReader(f))
+        """(Re)write the file with ``new`` columns appended to the header (earlier rows kept)."""
+        if self._file is not None:
+            self._file.close()
+            with self.path.open(encoding="utf-8", newline="") as f:
+                self._rows = list(csv.DictReader(f))
         self._columns.extend(new)
         self._known.update(new)
         self._file = self.path.open("w", encoding="utf-8", newline="")
         self._writer = csv.DictWriter(self._file, fieldnames=self._columns, restval="")
         self._writer.writeheader()
-        self._writer.writerows(rows)
+        self._writer.writerows(self._rows)
+        self._rows = []
 
     def close(self) -> None:
-        if not self._file.closed:
+        if self._file is not None and not self._file.closed:
             self._file.close()
 
 
@@ -257,6 +298,13 @@ class PeriodicSink(_Sink):
             self.sink.write(metrics, step)
         else:
             self._held = (dict(metrics), step)
+
+    def resume(self, step: int) -> None:
+        """Pass the resume to ``sink`` (when it has ``resume``); nothing is held."""
+        self._held = None
+        fn = getattr(self.sink, "resume", None)
+        if callable(fn):
+            fn(step)
 
     def flush(self) -> None:
         """Write the held record (if any), then flush ``sink``."""

@@ -749,6 +749,9 @@ def train(
         loaded = load(resume_from)
         state.resumed_from = Path(loaded) if loaded is not None else Path(resume_from)
         logger.info("resumed from %s at step %d", state.resumed_from, trainer.step_count)
+        for s in sinks:  # the run's files go on (records after the checkpoint are dropped)
+            if callable(getattr(s, "resume", None)):
+                s.resume(trainer.step_count)
 
     if is_main_process():  # once per run, not once per process
         summary = training_summary(

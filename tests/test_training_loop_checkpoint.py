@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -13,6 +14,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, TensorDataset
 
 from grpo.callbacks import Callback
+from grpo.metric_sinks import CSVSink, JSONLSink, PeriodicSink, read_jsonl
 from grpo.training_loop import TrainState, iter_state_batches, resume_problem
 from tests.loop_toys import bandit_states, correct_arm, make_trainer, params_of
 
@@ -221,3 +223,43 @@ def test_a_checkpoint_dir_that_is_a_file_is_refused_before_any_step(tmp_path: Pa
             trainer.train(torch.randn(8, 4), num_steps=3, checkpoint_dir=bad, progress=False)
     assert trainer.step_count == 0
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.params, strict=True))
+
+
+def test_resume_continues_the_sinks_files(tmp_path: Path) -> None:
+    """A run checkpoints at step 2 and goes on to step 3, then stops (as if it crashed before
+    its next checkpoint). Resumed from the step-2 checkpoint to step 5, the JSONL and CSV files
+    hold steps 1-5 once each (step 3 of the first run dropped: it is trained again), with the
+    values of a straight run to step 5."""
+    states = bandit_states(10)
+    straight = make_trainer(**SCHEDULE)
+    full = straight.train(states, num_steps=5, progress=False)
+
+    jsonl, table = tmp_path / "run" / "metrics.jsonl", tmp_path / "run" / "metrics.csv"
+    first = make_trainer(**SCHEDULE, checkpoint_freq=2)
+    with JSONLSink(jsonl) as j, CSVSink(table) as c:
+        run = first.train(states, num_steps=3, checkpoint_dir=tmp_path / "ckpt", sinks=[j, c], progress=False)
+    assert [r["step"] for r in read_jsonl(jsonl)] == [1.0, 2.0, 3.0]
+    step2 = run.checkpoints[0]
+    resumed = make_trainer(**SCHEDULE, checkpoint_freq=2)
+    with JSONLSink(jsonl) as j, CSVSink(table) as c:  # the same paths, as a restarted script builds them
+        resumed.train(
+            states, num_steps=5, checkpoint_dir=tmp_path / "ckpt", resume_from=step2,
+            sinks=[PeriodicSink(j, 1), c], progress=False,
+        )  # fmt: skip
+    records = read_jsonl(jsonl)
+    assert [r["step"] for r in records] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert [r["reward/mean"] for r in records] == [r["reward/mean"] for r in full.history]
+    with table.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [float(r["step"]) for r in rows] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert [float(r["reward/mean"]) for r in rows] == [r["reward/mean"] for r in full.history]
+
+
+def test_a_new_run_starts_its_files_anew(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1.0, "old": 1.0}\n', encoding="utf-8")
+    JSONLSink(path).close()  # nothing written yet: the old file is untouched until the first record
+    assert read_jsonl(path) == [{"step": 1.0, "old": 1.0}]
+    with JSONLSink(path) as sink:
+        sink.write({"reward/mean": 0.5}, 1)
+    assert read_jsonl(path) == [{"step": 1.0, "reward/mean": 0.5}]
