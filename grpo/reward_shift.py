@@ -31,24 +31,30 @@ trying.
 changed task (the best action changed: the restart is right) from a harder one (every reward fell,
 the best action is still best) or rescaled rewards: all three look alike in the rewards of the
 action a settled policy keeps choosing. The restarted policy's groups can: for each of its groups
-g, the incumbent's expected advantage is estimated by self-normalised importance sampling,
+g, the incumbent's expected advantage is estimated by self-normalised importance sampling, one
+step at a time (the surrogate objective of PPO and GRPO, read for the incumbent)::
 
-    w_i  = exp(sum_t (l_inc,i,t - l_old,i,t))       (l_inc: the incumbent's log-probs of sample i's
-                                                     action, l_old: the restarted policy's; sums
-                                                     over valid steps)
-    a_g  = sum_{i in g} w_i A_i / sum_{i in g} w_i   (`incumbent_advantages`; A_i the sample's
-                                                     advantage, the mean over valid steps)
+    rho_it = exp(l_inc,i,t - l_old,i,t)              (l_inc: the incumbent's log-prob of sample i's
+                                                      action at step t, l_old: the restarted policy's)
+    a_g    = sum_{i in g, t} rho_it A_it / sum_{i in g, t} rho_it        (`incumbent_advantages`;
+                                                      valid steps; A_it the advantage of step t, or
+                                                      the sample's A_i at every step)
 
 a_g is in advantage units, so a shift or a positive rescaling of the rewards leaves it unchanged.
-Over the first 16 groups of the probation (the steps that hold them)::
+Per-step ratios, not the ratio of whole sequences: over episodes of hundreds of steps the
+product of ratios is dominated by the shortest episodes with the fewest disagreements.
+Over the probation's first 16 steps (and at least 16 groups: a step of B states holds B)::
 
     z_inc = mean_g a_g / (std_g a_g / sqrt(n))
     give the incumbent back  when z_inc > 2   (what it favours still beats the other actions)
     keep the restart         otherwise        (it does not: the task changed)
 
-Giving it back copies the incumbent's weights into the policy; the reward averages move to the new
-level (the same drop is not judged again). Either way the optimizer's state is kept (clearing
-Adam's moments too tracked the non-stationary bandit worse). A harder or rescaled task costs the
+Giving it back restores the incumbent exactly as it was at the restart: its weights, and the
+optimizer's and the learning-rate schedule's state (Adam's moments of the probation's updates
+would push the incumbent where the restarted policy was going: on CartPole with a slipping cart
+the given-back policy then earned 44-55 instead of 74 per episode); the reward statistics start
+again. A restart that stands keeps the optimizer's state (clearing Adam's moments too tracked
+the non-stationary bandit worse). A harder or rescaled task costs the
 probation's few steps of exploration, not the learned policy. The incumbent's log-probs cost one
 forward of the batch per probation step (the weights are swapped in and out under no_grad).
 
@@ -66,6 +72,7 @@ state, the starting weights and the incumbent included, is saved in checkpoints 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
@@ -74,6 +81,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from grpo.state_checks import optimizer_problem, scheduler_problem
+
 __all__ = [
     "CONFIRM_GROUPS",
     "CONFIRM_Z",
@@ -81,6 +90,7 @@ __all__ = [
     "FAST_RATE",
     "MAX_PROBATION_STEPS",
     "MIN_DROP",
+    "PROBATION_STEPS",
     "SETTLE_STEPS",
     "SLOW_RATE",
     "RewardShiftRestart",
@@ -96,15 +106,20 @@ SLOW_RATE = 0.05
 SETTLE_STEPS = 10
 COOLDOWN_STEPS = 20
 MIN_DROP = 0.1
+PROBATION_STEPS = 16
+"""Steps of the restarted policy whose groups judge the incumbent (on CartPole, 4 groups a step,
+the incumbent's one-step advantage is small, ~0.03, and 16 groups did not tell it from 0)."""
 CONFIRM_GROUPS = 16
-"""Groups of the restarted policy that judge the incumbent."""
+"""Groups the judgement needs at least (a step of one state holds one)."""
 CONFIRM_Z = 2.0
 """The incumbent's mean advantage, in standard errors, above which it is given back."""
 MAX_PROBATION_STEPS = 50
-"""Steps after which a probation without `CONFIRM_GROUPS` groups ends, keeping the restart."""
+"""Steps after which a probation without `CONFIRM_GROUPS` groups (all dropped) ends, keeping the
+restart."""
 _SCALARS = ("fast", "slow", "spread", "lo", "hi")
 _COUNTS = ("steps", "cooldown", "restarts", "given_back", "probation_steps")
-_ADDED = {"given_back", "probation_steps", "probe", "incumbent"}  # not in states saved before the probation
+_STATES = ("incumbent_optimizer", "incumbent_scheduler")
+_ADDED = {"given_back", "probation_steps", "probe", "incumbent", *_STATES}  # not saved before the probation
 
 
 def shift_score(fast: float, slow: float, spread: float, num_samples: int) -> float:
@@ -127,31 +142,34 @@ def incumbent_advantages(
     num_groups: int,
     keep: Tensor | None = None,
 ) -> Tensor:
-    """``[sum_g a_g, sum_g a_g^2, n]`` (float64) over the n groups with a kept row, where
-    ``a_g = sum_i w_i A_i / sum_i w_i`` and ``w_i = exp(sum_t (l_inc - l_old))`` (module
-    docstring): the incumbent's expected advantage in each group of another policy's samples.
+    """``[sum_g a_g, sum_g a_g^2, n]`` (float64) over the n groups with a kept, valid step, where
+    ``a_g = sum_{i,t} rho_it A_it / sum_{i,t} rho_it`` and ``rho_it = exp(l_inc - l_old)``
+    (module docstring): the incumbent's expected advantage in each group of another policy's
+    samples.
 
     Shapes: incumbent_log_probs, old_log_probs (N, T); mask (N, T) bool or None (all valid);
-    advantages (N,) or (N, T) (a sample's advantage is its mean over valid steps); group_ids (N,)
-    in [0, num_groups); keep (N,) bool or None: rows left out (dropped groups). The weights are
-    normalised within each group with its largest log-weight subtracted, so none overflows.
+    advantages (N,) (each step of a sample gets its A_i) or (N, T); group_ids (N,) in
+    [0, num_groups); keep (N,) bool or None: rows left out (dropped groups). The ratios are
+    normalised within each group with its largest log-ratio subtracted, so none overflows; a
+    step whose incumbent log-prob is -inf weighs 0.
     """
+    n, t = old_log_probs.shape
     valid = torch.ones_like(old_log_probs, dtype=torch.bool) if mask is None else mask
+    if keep is not None:
+        valid = valid & keep[:, None]
     diff = incumbent_log_probs.detach().double() - old_log_probs.detach().double()
-    log_w = torch.where(valid, diff, 0.0).sum(1)  # (N,)
+    log_r = torch.where(valid, diff, -math.inf).flatten()  # (N*T,)
     adv = advantages.detach().double()
-    if adv.dim() == 2:
-        adv = torch.where(valid, adv, 0.0).sum(1) / valid.sum(1).clamp(min=1)  # (N,)
-    rows = torch.ones_like(log_w, dtype=torch.bool) if keep is None else keep
-    log_w = torch.where(rows, log_w, -math.inf)
-    top = torch.full((num_groups,), -math.inf, dtype=torch.float64, device=log_w.device)
-    top = top.scatter_reduce(0, group_ids, log_w, "amax")  # (B,)
-    shifted = log_w - top[group_ids]  # <= 0; NaN where the whole group has log-weight -inf
-    w = torch.where(rows & torch.isfinite(shifted), shifted.exp(), 0.0)
-    zeros = torch.zeros(num_groups, dtype=torch.float64, device=log_w.device)
-    mass = zeros.index_add(0, group_ids, w)
+    adv = (adv if adv.dim() == 2 else adv[:, None].expand(n, t)).flatten()
+    gid = group_ids[:, None].expand(n, t).flatten()
+    top = torch.full((num_groups,), -math.inf, dtype=torch.float64, device=log_r.device)
+    top = top.scatter_reduce(0, gid, log_r, "amax")  # (B,)
+    shifted = log_r - top[gid]  # <= 0; NaN where every step of the group has log-ratio -inf
+    w = torch.where(torch.isfinite(shifted), shifted.exp(), 0.0)
+    zeros = torch.zeros(num_groups, dtype=torch.float64, device=log_r.device)
+    mass = zeros.index_add(0, gid, w)
     counted = mass > 0
-    a = zeros.index_add(0, group_ids, w * adv) / mass.clamp(min=1e-300)
+    a = zeros.index_add(0, gid, w * torch.where(w > 0, adv, 0.0)) / mass.clamp(min=1e-300)
     a = torch.where(counted, a, 0.0)
     return torch.stack([a.sum(), a.square().sum(), counted.double().sum()])
 
@@ -177,27 +195,46 @@ class RewardShiftRestart:
         z: the drop, in standard deviations of the fast average, that counts as a shift (> 0).
         settled_kl: the mean ``kl/old`` over the last 10 steps below which the policy counts as
             standing still (> 0).
+        optimizer, scheduler: the trainer's; their states at a restart come back with the
+            incumbent (None: only the weights do).
 
     Attributes:
         incumbent: the weights at the last restart while its probation is open, else None.
         restarts, given_back: restarts made so far, and how many of them gave the incumbent back.
     """
 
-    def __init__(self, params: Sequence[Tensor], *, z: float = 4.0, settled_kl: float = 1e-3) -> None:
+    def __init__(
+        self,
+        params: Sequence[Tensor],
+        *,
+        z: float = 4.0,
+        settled_kl: float = 1e-3,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any = None,
+    ) -> None:
         for name, value in (("z", z), ("settled_kl", settled_kl)):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"RewardShiftRestart({name}={value!r}): expected a finite number > 0.")
         self.params = list(params)
         self.z, self.settled_kl = float(z), float(settled_kl)
+        self.optimizer, self.scheduler = optimizer, scheduler
         self.start = [p.detach().clone() for p in self.params]
         self.incumbent: list[Tensor] | None = None
+        self.incumbent_optimizer: dict[str, Any] = {}  # their states at the restart ({}: none)
+        self.incumbent_scheduler: dict[str, Any] = {}
         self.probe = [0.0, 0.0, 0.0]  # the probation's incumbent advantages: [sum, sum of squares, n]
         self.restarts = self.given_back = self.probation_steps = 0
         self._reset_statistics()
 
     @classmethod
     def from_config(
-        cls, config: Any, params: Sequence[Tensor], *, sharded: bool = False
+        cls,
+        config: Any,
+        params: Sequence[Tensor],
+        *,
+        sharded: bool = False,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any = None,
     ) -> RewardShiftRestart | None:
         """The trainer's restart rule (``GRPOConfig.reward_shift_z``), or None when it is off.
         ``sharded``: the weights are partitioned over processes (FSDP, DeepSpeed): refused."""
@@ -209,7 +246,10 @@ class RewardShiftRestart:
                 "into the policy, which needs the whole weights on every process: not with fsdp=True "
                 "or DeepSpeed. Set reward_shift_z=None (or deepspeed='off')."
             )
-        return cls(params, z=config.reward_shift_z, settled_kl=config.reward_shift_kl)
+        return cls(
+            params, z=config.reward_shift_z, settled_kl=config.reward_shift_kl, optimizer=optimizer,
+            scheduler=scheduler,
+        )  # fmt: skip
 
     def _reset_statistics(self) -> None:
         self.fast = self.slow = self.spread = self.lo = self.hi = math.nan
@@ -279,13 +319,17 @@ class RewardShiftRestart:
         logger.warning(
             "reward shift: the mean reward fell %.3g standard deviations (fast average %.4g, slow "
             "%.4g) while the policy stood still (mean kl/old %.3g < %.3g over %d steps); restarting "
-            "from the starting weights on probation: the restarted policy's next %d groups judge "
+            "from the starting weights on probation: the restarted policy's next %d steps judge "
             "the policy it replaces, which comes back if they still favour it (restart %d; "
             "GRPOConfig.reward_shift_z=None turns this off).",
             score, self.fast, self.slow,
-            sum(self.kl) / len(self.kl), self.settled_kl, len(self.kl), CONFIRM_GROUPS, self.restarts + 1,
+            sum(self.kl) / len(self.kl), self.settled_kl, len(self.kl), PROBATION_STEPS, self.restarts + 1,
         )  # fmt: skip
         self.incumbent = [p.detach().clone() for p in self.params]
+        if self.optimizer is not None:
+            self.incumbent_optimizer = copy.deepcopy(self.optimizer.state_dict())
+        if self.scheduler is not None:
+            self.incumbent_scheduler = copy.deepcopy(self.scheduler.state_dict())
         self._load(self.start)
         self.restarts += 1
         self.probe, self.probation_steps = [0.0, 0.0, 0.0], 0
@@ -297,7 +341,8 @@ class RewardShiftRestart:
         self.probe = [a + float(b) for a, b in zip(self.probe, sums, strict=True)]
         self.probation_steps += 1
         n = self.probe[2]
-        if n < CONFIRM_GROUPS and self.probation_steps < MAX_PROBATION_STEPS:
+        short = n < CONFIRM_GROUPS or self.probation_steps < PROBATION_STEPS
+        if short and self.probation_steps < MAX_PROBATION_STEPS:
             return False
         z = mean_z(self.probe) if n >= 2 else 0.0
         mean = self.probe[0] / n if n else math.nan
@@ -310,6 +355,10 @@ class RewardShiftRestart:
                 n, mean, z,
             )  # fmt: skip
             self._load(self.incumbent)
+            if self.optimizer is not None and self.incumbent_optimizer:
+                self.optimizer.load_state_dict(self.incumbent_optimizer)
+            if self.scheduler is not None and self.incumbent_scheduler:
+                self.scheduler.load_state_dict(self.incumbent_scheduler)
             self.given_back += 1
             self._reset_statistics()
             self.cooldown = COOLDOWN_STEPS
@@ -320,7 +369,7 @@ class RewardShiftRestart:
                 "stands.",
                 n, mean, z,
             )  # fmt: skip
-        self.incumbent = None
+        self.incumbent, self.incumbent_optimizer, self.incumbent_scheduler = None, {}, {}
         return z > CONFIRM_Z
 
     # ---- checkpoints (grpo.trainer_state: component "reward_shift") ----------------------------
@@ -332,12 +381,14 @@ class RewardShiftRestart:
             "probe": [float(x) for x in self.probe],
             "start": [t.detach().cpu().clone() for t in self.start],
             "incumbent": [t.detach().cpu().clone() for t in self.incumbent or []],
+            "incumbent_optimizer": copy.deepcopy(self.incumbent_optimizer),
+            "incumbent_scheduler": copy.deepcopy(self.incumbent_scheduler),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore `state_dict`'s output (or one saved before the probation existed); everything
         is checked before anything changes."""
-        expected = {*_SCALARS, *_COUNTS, "kl", "probe", "start", "incumbent"}
+        expected = {*_SCALARS, *_COUNTS, "kl", "probe", "start", "incumbent", *_STATES}
         if isinstance(state, Mapping) and set(state) == expected - _ADDED:
             state = {
                 **state,
@@ -345,6 +396,7 @@ class RewardShiftRestart:
                 "probation_steps": 0,
                 "probe": [0.0, 0.0, 0.0],
                 "incumbent": [],
+                **{k: {} for k in _STATES},
             }
         if not isinstance(state, Mapping) or set(state) != expected:
             got = sorted(state) if isinstance(state, Mapping) else type(state).__name__
@@ -376,6 +428,7 @@ class RewardShiftRestart:
             )
         start = self._checked_weights(state["start"], "start", empty_ok=False)
         incumbent = self._checked_weights(state["incumbent"], "incumbent", empty_ok=True)
+        self._check_states(state, bool(incumbent))
         for k in _SCALARS:
             setattr(self, k, float(state[k]))
         for k in _COUNTS:
@@ -384,6 +437,30 @@ class RewardShiftRestart:
         self.probe = [float(x) for x in probe]
         self.start = start
         self.incumbent = incumbent or None
+        self.incumbent_optimizer = copy.deepcopy(dict(state["incumbent_optimizer"]))
+        self.incumbent_scheduler = copy.deepcopy(dict(state["incumbent_scheduler"]))
+
+    def _check_states(self, state: Mapping[str, Any], probation: bool) -> None:
+        """The incumbent's optimizer and scheduler states: ``{}``, or (during a probation, with
+        an optimizer / scheduler) states those could load (`grpo.state_checks`)."""
+        checks = (
+            ("incumbent_optimizer", self.optimizer, optimizer_problem),
+            ("incumbent_scheduler", self.scheduler, scheduler_problem),
+        )
+        for key, live, problem_of in checks:
+            saved = state[key]
+            if not isinstance(saved, Mapping):
+                raise ValueError(f"reward_shift state: {key!r} must be a state dict or {{}}, got {saved!r}.")
+            if not saved:
+                continue
+            if not probation or live is None:
+                raise ValueError(
+                    f"reward_shift state: {key!r} is only kept during a probation of a trainer with "
+                    f"{'an optimizer' if key == 'incumbent_optimizer' else 'a scheduler'}; expected {{}}."
+                )
+            problem = problem_of(live, saved)
+            if problem is not None:
+                raise ValueError(f"reward_shift state: {key!r} {problem[-1]}.")
 
     def _checked_weights(self, tensors: Any, key: str, *, empty_ok: bool) -> list[Tensor]:
         """``tensors`` checked against the trained tensors (count, shapes, dtypes, finite), moved

@@ -148,7 +148,9 @@ class GRPOTrainer(TrainerStateMixin):
         self.stall_watch = StallWatch.from_config(config, self.optimizer, self.scheduler)  # stall_watch.py
         self._check_schedule_length()
         shard = config.fsdp or self._deepspeed is not None
-        self.reward_shift = RewardShiftRestart.from_config(config, self.params, sharded=shard)
+        self.reward_shift = RewardShiftRestart.from_config(
+            config, self.params, sharded=shard, optimizer=self.optimizer, scheduler=self.scheduler
+        )
         self._checkpoint_components: dict[str, Any] = {}
         if self.reward_shift is not None:  # its state (the starting weights too) is checkpointed
             self._checkpoint_components["reward_shift"] = self.reward_shift

@@ -6,6 +6,7 @@ best arm switches (the restart stands) and on one whose rewards all fall (the po
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from pathlib import Path
@@ -15,17 +16,27 @@ import torch
 from torch import Tensor, nn
 
 from grpo import DistributionPolicy, GRPOConfig, GRPOTrainer
-from grpo.reward_shift import CONFIRM_GROUPS, RewardShiftRestart, incumbent_advantages, mean_z, shift_score
+from grpo.reward_shift import (
+    PROBATION_STEPS,
+    RewardShiftRestart,
+    incumbent_advantages,
+    mean_z,
+    shift_score,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def without_start(state: dict[str, object]) -> dict[str, object]:
-    return {k: v for k, v in state.items() if k not in ("start", "incumbent")}
+    return {
+        k: v
+        for k, v in state.items()
+        if k not in ("start", "incumbent", "incumbent_optimizer", "incumbent_scheduler")
+    }
 
 
-STANDS = (0.0, 1.0, float(CONFIRM_GROUPS))  # a probation's groups that do not favour the incumbent
-GIVE_BACK = (0.5 * CONFIRM_GROUPS, 0.3 * CONFIRM_GROUPS, float(CONFIRM_GROUPS))  # mean 0.5, std ~0.22
+STANDS = (0.0, 1.0 / PROBATION_STEPS, 1.0)  # one step's group that does not favour the incumbent
+GIVE_BACK = (0.5, 0.3, 1.0)  # one step's group with a_g = 0.5 (16 of them: mean 0.5, std ~0.22)
 
 
 def step(r: float, s: float = 0.4, kl: float = 1e-4) -> dict[str, float]:
@@ -48,7 +59,7 @@ def test_the_statistics_and_the_decision_follow_the_documented_rule() -> None:
     watch = RewardShiftRestart([w], z=3.0, settled_kl=1e-3)
     fast = slow = spread = lo = hi = math.nan
     kls: list[float] = []
-    n_seen, cooldown, fired_at, probation = 0, 0, [], False
+    n_seen, cooldown, fired_at, probation = 0, 0, [], 0
     for t in range(300):
         r = rng.choice([0.8, 0.3]) if t % 60 > 40 else 0.8 + rng.gauss(0, 0.02)
         s, kl = abs(rng.gauss(0.3, 0.05)), rng.choice([1e-4] * 9 + [5e-3])
@@ -66,7 +77,7 @@ def test_the_statistics_and_the_decision_follow_the_documented_rule() -> None:
         settled = len(kls) == 10 and sum(kls) / 10 < 1e-3
         drop = settled and cooldown == 0 and (slow - fast) / noise > 3.0 and slow - fast > 0.1 * (hi - lo)
         expect = drop and not probation  # a probation step judges the incumbent instead
-        probation = False
+        probation = max(probation - 1, 0)
         with torch.no_grad():
             w.add_(1.0)  # the policy moves between steps
         got = watch.observe(step(r, s, kl), num_samples=8, incumbent=STANDS)["restart/reward_shift"]
@@ -75,7 +86,7 @@ def test_the_statistics_and_the_decision_follow_the_documented_rule() -> None:
             fired_at.append(t)
             assert torch.equal(w, torch.zeros(3))  # back to the starting weights
             fast = slow = spread = lo = hi = math.nan
-            kls, n_seen, cooldown, probation = [], 0, 20, True
+            kls, n_seen, cooldown, probation = [], 0, 20, PROBATION_STEPS
         else:
             got_stats = (watch.fast, watch.slow, watch.spread, watch.lo, watch.hi)
             assert got_stats == pytest.approx((fast, slow, spread, lo, hi), rel=1e-12)
@@ -101,8 +112,9 @@ def test_a_drop_of_a_settled_policy_restarts_it_once() -> None:
 
 
 def test_a_probation_whose_groups_favour_the_incumbent_gives_it_back() -> None:
-    """A drop restarts from the start and keeps the incumbent; the probation waits until it has
-    CONFIRM_GROUPS groups, then gives the incumbent back when z_inc > 2 (mean_z by hand)."""
+    """A drop restarts from the start and keeps the incumbent; the probation waits
+    PROBATION_STEPS steps (and CONFIRM_GROUPS groups), then gives the incumbent back when
+    z_inc > 2."""
     w = nn.Parameter(torch.tensor([1.0, -2.0]))
     watch = RewardShiftRestart([w])
     with torch.no_grad():
@@ -120,12 +132,13 @@ def test_a_probation_whose_groups_favour_the_incumbent_gives_it_back() -> None:
     assert torch.equal(watch.incumbent[0], torch.tensor([5.0, 7.0]))
     with torch.no_grad():
         w.add_(0.5)  # the restarted policy learns during its probation
-    half = [x / 2 for x in GIVE_BACK]  # half the groups: it waits
-    first = watch.observe(step(0.2, kl=5e-3), 8, half)
-    assert (first["restart/reward_shift"], first["restart/given_back"]) == (0.0, 0.0)
+    for _ in range(PROBATION_STEPS - 1):
+        m = watch.observe(step(0.2, kl=5e-3), 8, GIVE_BACK)
+        assert (m["restart/reward_shift"], m["restart/given_back"]) == (0.0, 0.0)
     assert watch.incumbent is not None
-    second = watch.observe(step(0.2, kl=5e-3), 8, half)
-    assert second["restart/given_back"] == 1.0
+    assert watch.probe == pytest.approx([0.5 * 15, 0.3 * 15, 15.0])
+    last = watch.observe(step(0.2, kl=5e-3), 8, GIVE_BACK)
+    assert last["restart/given_back"] == 1.0
     assert torch.equal(w, torch.tensor([5.0, 7.0]))  # the incumbent, bitwise
     assert (watch.restarts, watch.given_back, watch.incumbent) == (1, 1, None)
 
@@ -141,26 +154,23 @@ def test_mean_z_by_hand() -> None:
 def incumbent_advantages_loop(
     inc: Tensor, old: Tensor, mask: Tensor | None, adv: Tensor, gid: Tensor, b: int, keep: Tensor | None
 ) -> list[float]:
-    """The module docstring's a_g, one group and one sample at a time, in Python floats."""
+    """The module docstring's a_g, one group, sample and step at a time, in Python floats."""
     values = []
     for g in range(b):
-        num = den = 0.0
-        log_ws, advs = [], []
+        terms = []  # (log rho, A) of the group's valid steps
         for i in range(inc.shape[0]):
             if int(gid[i]) != g or (keep is not None and not bool(keep[i])):
                 continue
-            steps = [t for t in range(inc.shape[1]) if mask is None or bool(mask[i, t])]
-            log_ws.append(sum(float(inc[i, t]) - float(old[i, t]) for t in steps))
-            a = [float(adv[i, t]) for t in steps] if adv.dim() == 2 else [float(adv[i])]
-            advs.append(sum(a) / max(len(a), 1))
-        finite = [x for x in log_ws if math.isfinite(x)]
+            for t in range(inc.shape[1]):
+                if mask is None or bool(mask[i, t]):
+                    a = float(adv[i, t]) if adv.dim() == 2 else float(adv[i])
+                    terms.append((float(inc[i, t]) - float(old[i, t]), a))
+        finite = [lr for lr, _ in terms if math.isfinite(lr)]
         if not finite:
             continue
         top = max(finite)
-        for lw, a in zip(log_ws, advs, strict=True):
-            wi = math.exp(lw - top) if math.isfinite(lw) else 0.0
-            num, den = num + wi * a, den + wi
-        values.append(num / den)
+        weights = [(math.exp(lr - top) if math.isfinite(lr) else 0.0, a) for lr, a in terms]
+        values.append(sum(w * a for w, a in weights) / sum(w for w, _ in weights))
     return [sum(values), sum(v * v for v in values), float(len(values))]
 
 
@@ -182,7 +192,7 @@ def test_incumbent_advantages_equal_a_plain_loop(case: str) -> None:
         mask[:, 0] = True
     keep = (gid != 2) if case == "kept" else None
     if case == "minus-inf":
-        inc[0:4, 0] = -math.inf  # group 0: the incumbent never takes these actions
+        inc[0:4, :] = -math.inf  # group 0: the incumbent never takes these actions
         inc[5, 0] = -math.inf
     got = incumbent_advantages(inc, old, mask, adv, gid, b, keep).tolist()
     assert got == pytest.approx(
@@ -289,6 +299,11 @@ def test_state_dict_round_trip_and_bad_states_change_nothing() -> None:
             r"incumbent\[0\] must be a torch.float32",
         ),
         ({**state, "given_back": True}, r"'given_back' must be an int >= 0"),
+        (
+            {**state, "incumbent_optimizer": {"state": {}}},
+            r"'incumbent_optimizer' is only kept during a probation",
+        ),
+        ({**state, "incumbent_scheduler": 3}, r"'incumbent_scheduler' must be a state dict or \{\}"),
     ]
     for bad, message in bad_states:
         with pytest.raises(ValueError, match=message):
@@ -303,9 +318,15 @@ def test_a_state_saved_before_the_probation_loads_with_none_open() -> None:
     a = RewardShiftRestart([w])
     a.observe(step(0.8), 8)
     state = a.state_dict()
-    legacy = {
-        k: v for k, v in state.items() if k not in ("given_back", "probation_steps", "probe", "incumbent")
-    }
+    added = (
+        "given_back",
+        "probation_steps",
+        "probe",
+        "incumbent",
+        "incumbent_optimizer",
+        "incumbent_scheduler",
+    )
+    legacy = {k: v for k, v in state.items() if k not in added}
     b = RewardShiftRestart([nn.Parameter(torch.zeros(2))])
     b.load_state_dict(legacy)
     assert without_start(b.state_dict()) == without_start(state)
@@ -387,25 +408,33 @@ def test_the_preset_gives_a_policy_back_when_every_reward_fell(caplog: pytest.Lo
     tr = trainer(falling_reward(120))
     watch = tr.reward_shift
     assert watch is not None
-    flags, incumbent = [], None
+    flags, incumbent, moments, lr = [], None, None, None
     for _ in range(200):
+        before = (tr.policy.net.theta.detach().clone(), copy.deepcopy(tr.optimizer.state_dict()))
+        lr_before = tr.optimizer.param_groups[0]["lr"]
         m = tr.step(torch.zeros(1, 1))
         flags.append((m["restart/reward_shift"], m["restart/given_back"]))
         if m["restart/reward_shift"] == 1.0:
             assert watch.incumbent is not None
             incumbent = watch.incumbent[0].clone()
+            moments = copy.deepcopy(tr.optimizer.state_dict()["state"])  # after the step's update
+            lr = tr.optimizer.param_groups[0]["lr"]
             assert torch.equal(tr.policy.net.theta.detach(), torch.zeros(5))  # restarted
         if m["restart/given_back"] == 1.0:
             assert incumbent is not None
+            assert moments is not None
             assert torch.equal(tr.policy.net.theta.detach(), incumbent)  # given back bitwise
+            state = tr.optimizer.state_dict()["state"]  # with Adam's moments at the restart
+            assert all(torch.equal(state[0][k], moments[0][k]) for k in ("exp_avg", "exp_avg_sq", "step"))
+            assert not torch.equal(before[1]["state"][0]["exp_avg"], moments[0]["exp_avg"])  # they had moved
+            assert tr.optimizer.param_groups[0]["lr"] == lr  # and the adaptive rate
+            del lr_before
     restarts = [i for i, f in enumerate(flags) if f[0] == 1.0]
     backs = [i for i, f in enumerate(flags) if f[1] == 1.0]
     assert restarts
     assert 120 <= restarts[0] < 135
     assert len(backs) == len(restarts)  # every restart given back
-    assert all(
-        0 < b - r <= CONFIRM_GROUPS for r, b in zip(restarts, backs, strict=True)
-    )  # B = 1: one group a step
+    assert all(b - r == PROBATION_STEPS for r, b in zip(restarts, backs, strict=True))
     assert torch.softmax(tr.policy.net.theta.detach(), 0)[0] > 0.95
     assert "still favour the policy it replaced" in caplog.text
 
@@ -427,6 +456,13 @@ def test_a_checkpoint_during_a_probation_resumes_it(tmp_path: Path) -> None:
     assert other.reward_shift.incumbent is not None
     assert torch.equal(other.reward_shift.incumbent[0], watch.incumbent[0])
     assert without_start(other.reward_shift.state_dict()) == without_start(watch.state_dict())
+    saved, loaded = watch.incumbent_optimizer["state"][0], other.reward_shift.incumbent_optimizer["state"][0]
+    assert saved.keys() == loaded.keys()
+    assert all(torch.equal(saved[k], loaded[k]) for k in saved)
+    assert other.reward_shift.incumbent_scheduler == watch.incumbent_scheduler
+    bad = {**watch.state_dict(), "incumbent_optimizer": {"state": {}, "param_groups": []}}
+    with pytest.raises(ValueError, match=r"reward_shift state: 'incumbent_optimizer'"):
+        other.reward_shift.load_state_dict(bad)
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
