@@ -327,15 +327,21 @@ def plot_group_size_effect(sweep: dict[int, list[History]], bandit: DynamicBandi
 
 # ---- script --------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=450, help="bandit rounds = GRPO steps per run")
     parser.add_argument("--arms", type=int, default=5, help="K, number of arms")
     parser.add_argument("--group-size", type=int, default=8, help="G of the main run")
     parser.add_argument("--sweep", type=int, nargs="*", default=[2, 4, 8, 16], help="group sizes to compare")
     parser.add_argument("--sweep-seeds", type=int, default=3, help="seeds per group size")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out-dir", type=Path, default=None, help="save PNGs (and summary.json) here")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the bandit and the main run")
+    parser.add_argument(
+        "--out-dir", type=Path, default=None, help="save PNGs (and summary.json) here; None: save nothing"
+    )
     args = parser.parse_args(argv)
+    if args.out_dir is not None:
+        _plt()  # matplotlib is checked before the experiments run, not after
 
     torch.set_num_threads(1)
     bandit = make_bandit(args.arms, args.rounds, seed=args.seed)

@@ -124,7 +124,8 @@ class TrainState:
         eval_history: one ``{'step': s, 'eval/...': ...}`` dict per evaluation.
         checkpoints: paths of the checkpoints written by this call.
         should_stop: set by `stop`; the loop ends after the current step.
-        stop_reason: why training ended early (None when it ran to ``num_steps``).
+        stop_reason: why training ended: ``"reached num_steps=N"``, or why it stopped early (the
+            source ran out, a callback's `stop`); None while it runs.
         resumed_from: the checkpoint loaded by ``resume_from`` (None when not resuming).
     """
 

@@ -66,10 +66,12 @@ tqdm bar writes to stderr.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import itertools
 import logging
+import math
 import os
 import random
 import sys
@@ -104,6 +106,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+progress_logger = logging.getLogger("grpo.progress")
+"""The run's report: a start line, progress lines, every evaluation, an end line (`train`)."""
 
 Progress = bool | Literal["bar", "log"]
 
@@ -114,6 +118,18 @@ _BAR_KEYS = {
     "throughput/tokens_per_s": "tok_s",  # when a callback adds it (grpo-train does)
 }
 _LOG_KEYS = ("reward/mean", "reward/std", "kl/ref", "policy/entropy", "grad/norm", "eval/reward/mean")
+_EVAL_KEYS = ("eval/reward/mean", "eval/reward/std", "eval/reward/min", "eval/reward/max")
+
+
+def _shown(keys: Any, kl_coeff: float) -> Any:
+    """``keys`` (a tuple, or a dict of short names) with ``kl/ref`` replaced by ``kl/old`` when
+    there is no KL term (``kl/ref`` is then 0 on every step; ``kl/old`` shows how far each update
+    moves the policy)."""
+    if kl_coeff != 0:
+        return keys
+    if isinstance(keys, dict):
+        return {("kl/old" if k == "kl/ref" else k): v for k, v in keys.items()}
+    return tuple("kl/old" if k == "kl/ref" else k for k in keys)
 
 
 # ---- sources of states ---------------------------------------------------------------------
@@ -546,8 +562,11 @@ def _schedule_text(trainer: TrainerLike) -> str:
 class _Progress:
     """A tqdm bar (terminal / notebook) or periodic log lines (files, CI)."""
 
-    def __init__(self, mode: Progress, start: int, total: int, log_every: int | None) -> None:
+    def __init__(
+        self, mode: Progress, start: int, total: int, log_every: int | None, kl_coeff: float = 0.0
+    ) -> None:
         self.bar: Any = None
+        self.bar_keys, self.log_keys = _shown(_BAR_KEYS, kl_coeff), _shown(_LOG_KEYS, kl_coeff)
         self.log_every = max(1, log_every if log_every is not None else max(1, (total - start) // 20))
         self.total = total
         self.enabled = mode is not False
@@ -577,14 +596,28 @@ class _Progress:
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(
-                {short: f"{record[k]:.4g}" for k, short in _BAR_KEYS.items() if k in record}, refresh=False
+                {short: f"{record[k]:.4g}" for k, short in self.bar_keys.items() if k in record},
+                refresh=False,
             )
             return
         if step % self.log_every == 0 or step == self.total:
             now = time.perf_counter()
             rate = (step - self._step_last) / max(now - self._t_last, 1e-12)
             self._t_last, self._step_last = now, step
-            _emit(f"step {step}/{self.total} ({rate:.3g} steps/s): {format_metrics(record, _LOG_KEYS)}")
+            self.say(
+                f"step {step}/{self.total} ({rate:.3g} steps/s): {format_metrics(record, self.log_keys)}"
+            )
+
+    def say(self, line: str) -> None:
+        """A report line (`progress_logger`, INFO); above a bar, without breaking it."""
+        if not self.enabled:
+            return
+        if self.bar is not None:  # cleared while the line is logged, so the two do not mix
+            self.bar.clear()
+            progress_logger.info("%s", line)
+            self.bar.refresh()
+        else:
+            progress_logger.info("%s", line)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -599,9 +632,67 @@ def _stdout_is_terminal() -> bool:
         return False
 
 
-def _emit(line: str) -> None:
-    """A progress line: logged at INFO (logger ``grpo.training_loop``)."""
-    logger.info("%s", line)
+@contextlib.contextmanager
+def _report_visible(enabled: bool) -> Iterator[None]:
+    """While ``train`` runs, `progress_logger`'s lines reach stderr even where logging was never
+    configured: when no handler would receive them, one (``%(message)s`` to stderr, INFO) is
+    attached for the run and removed after it. Configured logging is left alone."""
+    if not enabled or progress_logger.hasHandlers():
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    level = progress_logger.level
+    progress_logger.addHandler(handler)
+    progress_logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        progress_logger.removeHandler(handler)
+        progress_logger.setLevel(level)
+
+
+def start_line(
+    trainer: TrainerLike,
+    num_steps: int,
+    *,
+    eval_every: int | None = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+) -> str:
+    """One line: what runs, where, how long (the whole plan: `training_summary`, at DEBUG)."""
+    cfg = trainer.config
+    n_params = sum(int(p.numel()) for p in trainer.params)
+    start, todo = trainer.step_count, max(num_steps - trainer.step_count, 0)
+    parts = [
+        f"grpo: training {type(trainer.policy).__name__} ({n_params:,} parameters) on {trainer.device}",
+        f"steps {start} -> {num_steps} ({todo * cfg.samples_per_step:,} samples, "
+        f"{todo * cfg.optimizer_steps_per_step:,} optimizer steps)",
+    ]
+    if eval_every is not None:
+        parts.append(f"evaluation every {eval_every} steps")
+    if checkpoint_dir is not None:
+        parts.append(f"checkpoints in {checkpoint_dir}")
+    return ", ".join(parts)
+
+
+def end_line(state: TrainState, seconds: float) -> str:
+    """One line: where and why the run stopped, how long it took, the reward's way."""
+    done = state.history
+    line = f"grpo: stopped at step {state.trainer.step_count} ({state.stop_reason}) after {seconds:.1f} s"
+    if done and "reward/mean" in done[0]:
+        line += f"; reward/mean {_short(done[0]['reward/mean'])} -> {_short(done[-1]['reward/mean'])}"
+    if state.eval_history:
+        last = state.eval_history[-1]
+        line += (
+            f"; eval/reward/mean {_short(last.get('eval/reward/mean', math.nan))} at step {last['step']:.0f}"
+        )
+    if state.checkpoints:
+        line += f"; last checkpoint {state.checkpoints[-1]}"
+    return line
+
+
+def _short(v: float) -> str:
+    return f"{v:.4g}"
 
 
 # ---- the loop ------------------------------------------------------------------------------
@@ -690,9 +781,12 @@ def train(
     source that is already sharded, like ``grpo-train``'s, is not sharded again). Only the main
     process logs the run summary, writes to the sinks and shows progress.
 
-    Nothing is printed: the resolved config and the run's plan (`training_summary`) are logged
-    once at INFO and the progress lines go through `logging` too (logger
-    ``grpo.training_loop``); configure logging to see them.
+    The run reports through `logging` (logger ``grpo.progress``, INFO), on the main process,
+    terminal or not: a start line (what runs, where, how long: `start_line`), a progress line
+    every ``log_every`` steps (or the tqdm bar), a line for every evaluation, and an end line
+    (`end_line`: where and why it stopped). Where logging was never configured, these lines go
+    to stderr for the run; ``progress=False`` silences them. The resolved config and the whole
+    plan (`training_summary`) are logged at DEBUG (logger ``grpo.training_loop``).
 
     Returns:
         The `TrainState`: ``history`` (one record per step), ``eval_history``, ``checkpoints``,
@@ -762,7 +856,7 @@ def train(
             num_eval_states=None if eval_states is None else _num_states(eval_states),
             checkpoint_dir=checkpoint_dir,
         )
-        logger.info("training configuration:\n%s", summary)
+        logger.debug("training configuration:\n%s", summary)
     config_dict = cfg.to_dict()
     for s in sinks:
         if callable(getattr(s, "log_config", None)):
@@ -784,52 +878,57 @@ def train(
     group_size = cfg.group_size
     last_saved: int | None = None
     _call(callbacks, "on_train_start", state)
-    bar = _Progress(progress, trainer.step_count, num_steps, log_every)
-    try:
-        while trainer.step_count < num_steps and not state.should_stop:
-            t0 = time.perf_counter()
-            try:
-                states = next(batches)
-            except StopIteration:
-                state.stop(f"the states source ran out after step {trainer.step_count}")
-                break
-            t1 = time.perf_counter()
-            lr = None if trainer.optimizer is None else float(trainer.optimizer.param_groups[0]["lr"])
-            record = trainer.step(states)
-            t2 = time.perf_counter()
-            step = trainer.step_count
-            record["time/data"] = t1 - t0
-            if lr is not None:
-                record["optim/lr"] = lr
-            iteration = max(record["time/data"] + record.get("time/step", t2 - t1), 1e-12)
-            n_states = _num_states(states)
-            if n_states is not None:
-                record["throughput/samples_per_s"] = n_states * group_size / iteration
-            record["throughput/steps_per_s"] = 1.0 / iteration
+    with _report_visible(progress is not False):  # the report reaches stderr if logging is unset
+        bar = _Progress(progress, trainer.step_count, num_steps, log_every, cfg.kl_coeff)
+        bar.say(start_line(trainer, num_steps, eval_every=eval_every, checkpoint_dir=checkpoint_dir))
+        t_start = time.perf_counter()
+        try:
+            while trainer.step_count < num_steps and not state.should_stop:
+                t0 = time.perf_counter()
+                try:
+                    states = next(batches)
+                except StopIteration:
+                    state.stop(f"the states source ran out after step {trainer.step_count}")
+                    break
+                t1 = time.perf_counter()
+                lr = None if trainer.optimizer is None else float(trainer.optimizer.param_groups[0]["lr"])
+                record = trainer.step(states)
+                t2 = time.perf_counter()
+                step = trainer.step_count
+                record["time/data"] = t1 - t0
+                if lr is not None:
+                    record["optim/lr"] = lr
+                iteration = max(record["time/data"] + record.get("time/step", t2 - t1), 1e-12)
+                n_states = _num_states(states)
+                if n_states is not None:
+                    record["throughput/samples_per_s"] = n_states * group_size / iteration
+                record["throughput/steps_per_s"] = 1.0 / iteration
 
-            if eval_every is not None and step % eval_every == 0:
-                ev = evaluate(trainer, eval_states, seed=eval_seed)
-                record.update(ev)
-                state.eval_history.append({"step": float(step), **ev})
-                _call(callbacks, "on_eval", state, ev)
+                if eval_every is not None and step % eval_every == 0:
+                    ev = evaluate(trainer, eval_states, seed=eval_seed)
+                    record.update(ev)
+                    state.eval_history.append({"step": float(step), **ev})
+                    _call(callbacks, "on_eval", state, ev)
+                    bar.say(f"step {step}/{num_steps}: {format_metrics(ev, _EVAL_KEYS)}")
 
-            _call(callbacks, "on_metrics", state, record)  # may add keys: before anything sees it
-            state.history.append(record)
-            for s in sinks:
-                s.write(record, step)
-            _call(callbacks, "on_step_end", state, record)
-            bar.update(record, step)
+                _call(callbacks, "on_metrics", state, record)  # may add keys: before anything sees it
+                state.history.append(record)
+                for s in sinks:
+                    s.write(record, step)
+                _call(callbacks, "on_step_end", state, record)
+                bar.update(record, step)
 
-            if save is not None and cfg.checkpoint_freq is not None and step % cfg.checkpoint_freq == 0:
-                _checkpoint(save, checkpoint_dir, state, callbacks)
-                last_saved = step
-    finally:
-        bar.close()
+                if save is not None and cfg.checkpoint_freq is not None and step % cfg.checkpoint_freq == 0:
+                    _checkpoint(save, checkpoint_dir, state, callbacks)
+                    last_saved = step
+            if state.stop_reason is None:
+                state.stop_reason = f"reached num_steps={num_steps}"
+        finally:
+            bar.close()
 
-    if save is not None and trainer.step_count != last_saved and state.history:
-        _checkpoint(save, checkpoint_dir, state, callbacks)
-    if state.stop_reason is not None:
-        logger.info("training stopped at step %d: %s", trainer.step_count, state.stop_reason)
+        if save is not None and trainer.step_count != last_saved and state.history:
+            _checkpoint(save, checkpoint_dir, state, callbacks)
+        bar.say(end_line(state, time.perf_counter() - t_start))
     for s in sinks:
         if callable(getattr(s, "flush", None)):
             s.flush()

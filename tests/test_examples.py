@@ -59,6 +59,19 @@ def test_dynamic_bandit_script_saves_figures(tmp_path: Path) -> None:
     assert set(summary["sweep_final_regret"]) == {"2", "4"}
 
 
+def test_dynamic_bandit_without_matplotlib_fails_before_the_experiments(tmp_path: Path) -> None:
+    code = (
+        "import runpy, sys; sys.modules['matplotlib'] = None; "
+        f"sys.argv = ['dynamic_bandit.py', '--rounds', '30', '--out-dir', {str(tmp_path / 'figs')!r}]; "
+        f"runpy.run_path({str(EXAMPLES / 'dynamic_bandit.py')!r}, run_name='__main__')"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode != 0
+    assert "the plots need matplotlib: pip install -e '.[notebook]'" in proc.stderr
+    assert "phase" not in proc.stdout  # no experiment ran first
+    assert not (tmp_path / "figs").exists()
+
+
 def test_cartpole_script_tiny_budget(tmp_path: Path) -> None:
     pytest.importorskip("gymnasium")
     out = run(

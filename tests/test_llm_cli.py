@@ -278,8 +278,32 @@ def test_logging_steps_bar_wandb_checkpoints_and_appended_metrics(
     steps = [m.split(":")[0] for m in messages if m.startswith("step ") and "reward/mean=" in m]
     assert steps == ["step 2", "step 3"]
     assert any(m.endswith(f"final model in {out / 'final_model'}") for m in messages)
-    assert sum("training configuration:" in m for m in messages) == 1
+    assert sum(m.startswith("grpo: training ") for m in messages) == 1  # the start line; the config at DEBUG
 
     assert main([*common, "--max-steps", "1", "--no-progress"]) == 0
     appended = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert appended == [2.0, 3.0, 1.0]
+
+
+def test_max_steps_cycles_the_data_and_the_result_goes_to_stdout(
+    setup: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """6 prompts at 2 a step are 3 steps an epoch: --max-steps 7 trains 7 steps over 3 epochs
+    (said at the start), and stdout holds one JSON line, the result; the log goes to stderr."""
+    caplog.set_level(logging.INFO)
+    out = tmp_path / "out"
+    argv = [
+        "--model-name", str(setup / "model"), "--dataset", str(setup / "data.jsonl"), "--prompt-column", "q",
+        "--batch-size", "2", "--num-generations", "2", "--max-new-tokens", "2", "--device", "cpu",
+        "--output-dir", str(out), "--max-steps", "7", "--no-progress", "--logging-steps", "1",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+    captured = capsys.readouterr()
+    (line,) = captured.out.splitlines()
+    result = json.loads(line)
+    assert result["final_model"] == str(out / "final_model")
+    assert result["step"] == 7.0
+    messages = [r.getMessage() for r in caplog.records]
+    assert "6 prompts, 2 a step: 7 steps (3 epochs of 3 steps; --max-steps cycles the data)" in messages

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import math
 import re
+import subprocess
+import sys
 import threading
 import warnings
 from collections.abc import Mapping
@@ -422,14 +424,14 @@ def test_summary_logged_once_with_derived_quantities(
     capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     trainer = make_trainer(mini_batch_size=2, num_epochs_per_update=2)
-    with caplog.at_level(logging.INFO, logger="grpo.training_loop"):
+    with caplog.at_level(logging.DEBUG, logger="grpo.training_loop"):
         trainer.train(bandit_states(4), num_steps=3, progress="log", log_every=100)
     assert capsys.readouterr().out == ""  # logged, not printed
     summaries = [
         r for r in caplog.records if r.name == "grpo.training_loop" and "GRPOConfig(" in r.getMessage()
     ]
     assert len(summaries) == 1
-    assert summaries[0].levelno == logging.INFO
+    assert summaries[0].levelno == logging.DEBUG  # the one-line start is at INFO (grpo.progress)
     out = summaries[0].getMessage()
     assert out.count("GRPOConfig(") == 1
     assert re.search(r"samples_per_step\s+= 16\n", out)
@@ -441,14 +443,14 @@ def test_summary_logged_once_with_derived_quantities(
 def test_summary_logged_not_printed_when_silent(
     capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="grpo.training_loop"):
+    with caplog.at_level(logging.DEBUG, logger="grpo.training_loop"):
         make_trainer().train(bandit_states(4), num_steps=1, progress=False)
     assert capsys.readouterr().out == ""
     assert any("GRPOConfig(" in r.getMessage() for r in caplog.records)
 
 
 def test_progress_log_lines(capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="grpo.training_loop"):
+    with caplog.at_level(logging.INFO, logger="grpo.progress"):
         make_trainer().train(
             bandit_states(4),
             num_steps=5,
@@ -458,9 +460,11 @@ def test_progress_log_lines(capsys: pytest.CaptureFixture[str], caplog: pytest.L
             eval_every=2,
         )
     assert capsys.readouterr().out == ""
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    lines = [r.getMessage() for r in caplog.records if re.match(r"step \d/5 \(", r.getMessage())]
     assert [ln.split(" (")[0] for ln in lines] == ["step 2/5", "step 4/5", "step 5/5"]
-    assert {r.name for r in caplog.records if r.getMessage().startswith("step ")} == {"grpo.training_loop"}
+    assert {r.name for r in caplog.records if r.getMessage().startswith("step ")} == {"grpo.progress"}
+    evals = [r.getMessage() for r in caplog.records if re.match(r"step \d/5: eval/", r.getMessage())]
+    assert [ln.split(":")[0] for ln in evals] == ["step 2/5", "step 4/5"]  # every evaluation
     assert re.search(
         r"steps/s\): reward/mean=\S+ reward/std=\S+ kl/ref=\S+ policy/entropy=\S+ "
         r"grad/norm=\S+ eval/reward/mean=\S+$",
@@ -489,9 +493,9 @@ make_trainer().train(bandit_states(4), num_steps=3, progress="log", log_every=1)
 
 @pytest.mark.parametrize("logging_setup", ["none", "configured"])
 def test_train_prints_nothing_to_stdout(logging_setup: str) -> None:
-    """Outside pytest's log capture: no handler configured -> nothing on stdout (the summary and
-    the progress lines are log records, dropped below WARNING); configured -> the summary once
-    and one line per step, on the logging stream."""
+    """Outside pytest's log capture, nothing on stdout either way. No handler configured: the
+    report (start line, one line per step, end line) on stderr, the config dump not (DEBUG).
+    Configured at INFO: the same report through the user's handler (logger grpo.progress)."""
     import subprocess
     import sys
 
@@ -505,14 +509,12 @@ def test_train_prints_nothing_to_stdout(logging_setup: str) -> None:
         cwd=root,
     )
     assert out.stdout == ""
-    if logging_setup == "none":
-        assert "GRPOConfig(" not in out.stderr
-        assert "step 1/3" not in out.stderr
-    else:
-        assert out.stderr.count("GRPOConfig(") == 1
-        assert "grpo.training_loop|training configuration:" in out.stderr
-        steps = re.findall(r"^grpo\.training_loop\|(step \d/3) \(", out.stderr, flags=re.M)
-        assert steps == ["step 1/3", "step 2/3", "step 3/3"]
+    assert "GRPOConfig(" not in out.stderr  # the whole config is at DEBUG
+    prefix = "" if logging_setup == "none" else r"grpo\.progress\|"
+    steps = re.findall(rf"^{prefix}(step \d/3) \(", out.stderr, flags=re.M)
+    assert steps == ["step 1/3", "step 2/3", "step 3/3"]
+    assert len(re.findall(rf"^{prefix}grpo: training ", out.stderr, flags=re.M)) == 1
+    assert len(re.findall(rf"^{prefix}grpo: stopped at step 3 ", out.stderr, flags=re.M)) == 1
 
 
 # ---- on_metrics ----------------------------------------------------------------------------
@@ -637,3 +639,48 @@ def test_other_iterables_resume_by_skipping_the_batches_already_fed() -> None:
     assert take(iter_state_batches(Batches(), 1, start=4), 3) == [[2], [3], [1]]
     dl = torch.utils.data.DataLoader(torch.arange(4), batch_size=2)
     assert [b.tolist() for b in take(iter_state_batches(dl, 2, start=3), 2)] == [[2, 3], [0, 1]]
+
+
+# ---- the run's report ----------------------------------------------------------------------------
+REPORT_SCRIPT = """
+import torch
+from tests.loop_toys import bandit_states, make_trainer
+trainer = make_trainer(kl_coeff=0.0)
+run = trainer.train(bandit_states(8), num_steps=4, eval_states=bandit_states(4), eval_every=2, log_every=2)
+print("stop_reason:", run.stop_reason)
+"""
+
+
+def test_a_piped_run_reports_on_stderr_without_any_logging_setup() -> None:
+    """A script with no logging configured, stdout and stderr piped (CI, `| tee`): stderr gets a
+    start line, progress lines (kl/old, not the always-0 kl/ref, since kl_coeff = 0), a line for
+    every evaluation and an end line; stdout only what the script prints; stop_reason is set."""
+    out = subprocess.run(
+        [sys.executable, "-c", REPORT_SCRIPT], capture_output=True, text=True, timeout=120, check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )  # fmt: skip
+    assert out.stdout == "stop_reason: reached num_steps=4\n"
+    lines = out.stderr.splitlines()
+    assert lines[0].startswith("grpo: training DistributionPolicy (")
+    assert "on cpu, steps 0 -> 4 (" in lines[0]
+    assert "evaluation every 2 steps" in lines[0]
+    progress = [line for line in lines if line.startswith(("step 2/4 (", "step 4/4 ("))]
+    assert len(progress) == 2
+    assert all("kl/old=" in line and "kl/ref" not in line for line in progress)
+    evals = [line for line in lines if re.match(r"step [24]/4: eval/reward/mean=", line)]
+    assert len(evals) == 2
+    assert lines[-1].startswith("grpo: stopped at step 4 (reached num_steps=4) after ")
+    assert "reward/mean" in lines[-1]
+    assert "eval/reward/mean" in lines[-1]
+    assert len(lines) == 6
+
+
+def test_configured_logging_gets_the_report_and_no_extra_handler(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="grpo.progress"):
+        run = make_trainer(kl_coeff=0.05).train(bandit_states(4), num_steps=2, progress="log", log_every=1)
+    report = [r.getMessage() for r in caplog.records if r.name == "grpo.progress"]
+    assert report[0].startswith("grpo: training")
+    assert "kl/ref=" in report[1]  # a KL term: kl/ref is what it optimises
+    assert report[-1].startswith("grpo: stopped at step 2 (reached num_steps=2)")
+    assert logging.getLogger("grpo.progress").handlers == []  # none left behind
+    assert run.stop_reason == "reached num_steps=2"

@@ -111,7 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("training")
     g.add_argument("--batch-size", type=int, default=4, help="B: prompts per step.")
     g.add_argument("--num-epochs", type=int, default=1, help="Passes over the dataset.")
-    g.add_argument("--max-steps", type=int, default=None, help="Stop after this many steps.")
+    g.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="Train this many steps, cycling the dataset as often as needed (overrides --num-epochs).",
+    )
     g.add_argument("--learning-rate", type=float, default=1e-6, help="AdamW learning rate.")
     g.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay.")
     g.add_argument(
@@ -410,26 +415,32 @@ def train(args: argparse.Namespace) -> dict[str, float]:
     main_proc = is_main_process()
     global_batch = args.batch_size * world
     drop_last = world > 1
-    total = dataset.num_batches(global_batch, args.num_epochs, drop_last=drop_last)
-    if total == 0:
+    per_epoch = dataset.num_batches(global_batch, 1, drop_last=drop_last)
+    epochs = args.num_epochs if args.max_steps is None else max(1, -(-args.max_steps // max(per_epoch, 1)))
+    total = per_epoch * epochs
+    if per_epoch == 0:
         raise ValueError(
             f"{len(dataset)} prompts do not fill one global batch of {global_batch} "
             f"(--batch-size={args.batch_size} x {world} processes); use more prompts or a smaller "
             f"--batch-size."
         )
     if args.max_steps is not None:
-        total = min(total, args.max_steps)
+        total = args.max_steps
     out_dir = Path(args.output_dir)
     if main_proc:
         out_dir.mkdir(parents=True, exist_ok=True)
-    logger.info("%d prompts, %d steps", len(dataset), total)
+    logger.info(
+        "%d prompts, %d a step: %d steps (%d epoch%s of %d steps%s)", len(dataset), global_batch, total,
+        epochs, "s" if epochs > 1 else "", per_epoch,
+        "; --max-steps cycles the data" if args.max_steps is not None and epochs > 1 else "",
+    )  # fmt: skip
     step_metrics = _StepMetrics(policy, rewards, args.num_generations)
     # each global batch from the prompt list, cut into this rank's share (identity on one
     # process); train() takes this generator as an iterator of per-rank batches, used as is
     batches = step_metrics.batches(
         rank_batches(
             dataset.records,
-            dataset.batches(global_batch, seed=args.seed, epochs=args.num_epochs, drop_last=drop_last),
+            dataset.batches(global_batch, seed=args.seed, epochs=epochs, drop_last=drop_last),
         )
     )
     t_start = time.perf_counter()
@@ -461,8 +472,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = logging.INFO if is_main_process() else logging.WARNING
     logging.basicConfig(level=level, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     args = parse_args(argv)
-    train(args)
+    metrics = train(args)
     shutdown()  # every rank done, then the process group is destroyed (no-op on one process)
+    if is_main_process():  # the result on stdout (one JSON line); the log went to stderr
+        final = str(Path(args.output_dir) / "final_model")
+        sys.stdout.write(json.dumps({"final_model": final, **metrics}) + "\n")
     return 0
 
 
