@@ -107,22 +107,28 @@ def solve(
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run per seed")
     parser.add_argument("--steps", type=int, default=200, help="maximum GRPO steps per seed")
     parser.add_argument("--batch-size", type=int, default=4, help="B, env seeds (groups) per step")
     parser.add_argument("--group-size", type=int, default=4, help="G, episodes per seed")
-    parser.add_argument("--lr", type=float, default=None, help="override the preset's learning rate")
-    parser.add_argument("--epochs", type=int, default=None, help="override num_epochs_per_update")
+    parser.add_argument("--lr", type=float, default=None, help="learning rate; None keeps the preset's")
+    parser.add_argument(
+        "--epochs", type=int, default=None, help="num_epochs_per_update; None keeps the preset's"
+    )
     parser.add_argument("--hidden", type=int, default=64, help="width of the two hidden layers")
     parser.add_argument(
         "--train-horizon",
         type=int,
         default=0,
-        help="cap training episodes at this many steps (0 = the env's 500); evaluation plays 500",
+        help="cap training episodes at this many steps (0: the env's 500); evaluation plays 500",
     )
-    parser.add_argument("--eval-episodes", type=int, default=10)
-    parser.add_argument("--target", type=float, default=475.0)
+    parser.add_argument("--eval-episodes", type=int, default=10, help="deterministic episodes per evaluation")
+    parser.add_argument(
+        "--target", type=float, default=475.0, help="stop when the evaluation mean reaches this"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 

@@ -97,10 +97,12 @@ def train(
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--env", default="Acrobot-v1")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--env-steps", type=int, default=100_000)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--env", default="Acrobot-v1", help="a gymnasium classic-control env id")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run per seed")
+    parser.add_argument("--env-steps", type=int, default=100_000, help="training env steps per seed")
     parser.add_argument(
         "--bonus",
         choices=["auto", "on", "off"],

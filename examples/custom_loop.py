@@ -68,19 +68,21 @@ def evaluate(policy: ReachPolicy, targets: Tensor) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=400, help="maximum trainer.step calls")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=16, help="B, targets (groups) per step")
+    parser.add_argument("--group-size", type=int, default=8, help="G, reach points sampled per target")
+    parser.add_argument("--lr", type=float, default=3e-3, help="learning rate")
+    parser.add_argument("--eval-every", type=int, default=10, help="steps between evaluations")
     parser.add_argument(
         "--patience", type=int, default=5, help="evaluations without improvement before stopping"
     )
     parser.add_argument("--target", type=float, default=-0.05, help="stop when eval reward >= this")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seeds torch and the trainer")
     parser.add_argument(
-        "--out-dir", type=Path, default=None, help="log + checkpoint here (default: a temp dir)"
+        "--out-dir", type=Path, default=None, help="log + checkpoint here; None: a new temporary directory"
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

@@ -22,13 +22,15 @@ from grpo.distributed import get_world_size, is_main_process, shutdown
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=100)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=100, help="GRPO steps")
     parser.add_argument("--batch-size", type=int, default=32, help="states per process per step")
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--obs-dim", type=int, default=8)
-    parser.add_argument("--arms", type=int, default=4)
-    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--group-size", type=int, default=8, help="G, arms sampled per context")
+    parser.add_argument("--obs-dim", type=int, default=8, help="size of a context")
+    parser.add_argument("--arms", type=int, default=4, help="number of arms")
+    parser.add_argument("--log-every", type=int, default=10, help="steps between printed lines")
     parser.add_argument("--device", default="cpu", help="'cpu', 'cuda' (cuda:LOCAL_RANK), 'auto'")
     parser.add_argument(
         "--deepspeed", default="auto", help="a DeepSpeed JSON config (ZeRO-1/2/3), 'auto' or 'off'"

@@ -45,20 +45,34 @@ def answer_extractor(text: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model-name", default="Qwen/Qwen2.5-0.5B-Instruct")
-    p.add_argument("--dataset-path", default=None, help="save_to_disk dir; default: load openai/gsm8k")
-    p.add_argument("--steps", type=int, default=500)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--group-size", type=int, default=8)
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument(
+        "--model-name", default="Qwen/Qwen2.5-0.5B-Instruct", help="a Hub model id or a local path"
+    )
+    p.add_argument(
+        "--dataset-path",
+        default=None,
+        help="a datasets.save_to_disk directory; None: load openai/gsm8k from the Hub",
+    )
+    p.add_argument("--steps", type=int, default=500, help="GRPO steps")
+    p.add_argument("--batch-size", type=int, default=16, help="B, prompts per step")
+    p.add_argument("--group-size", type=int, default=8, help="G, completions per prompt")
     p.add_argument("--micro-batch-size", type=int, default=4, help="prompts per forward/backward")
-    p.add_argument("--max-new-tokens", type=int, default=384)
-    p.add_argument("--learning-rate", type=float, default=1e-6)
-    p.add_argument("--kl-coeff", type=float, default=0.04)
-    p.add_argument("--lora", action="store_true")
-    p.add_argument("--gradient-checkpointing", action="store_true")
-    p.add_argument("--output-dir", default="gsm8k_grpo")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=384, help="longest completion, in tokens")
+    p.add_argument("--learning-rate", type=float, default=1e-6, help="AdamW learning rate")
+    p.add_argument("--kl-coeff", type=float, default=0.04, help="beta of the KL term; 0: no reference model")
+    p.add_argument(
+        "--lora", action="store_true", help="train LoRA adapters (the reference is the base model)"
+    )
+    p.add_argument(
+        "--gradient-checkpointing", action="store_true", help="trade compute for activation memory"
+    )
+    p.add_argument(
+        "--output-dir", default="gsm8k_grpo", help="checkpoints every 100 steps and the final model"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seeds the trainer and the prompt order")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     log = logging.getLogger("gsm8k")

@@ -36,18 +36,22 @@ def first_char(text: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=200)
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument("--steps", type=int, default=200, help="GRPO steps")
     p.add_argument("--batch-size", type=int, default=9, help="prompts per step")
-    p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--learning-rate", type=float, default=3e-3)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--max-new-tokens", type=int, default=3)
-    p.add_argument("--kl-coeff", type=float, default=0.0)
-    p.add_argument("--entropy-coeff", type=float, default=0.02)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-every", type=int, default=10)
-    p.add_argument("--output-dir", default=None, help="save the trained model here (safetensors)")
+    p.add_argument("--group-size", type=int, default=8, help="G, completions per prompt")
+    p.add_argument("--learning-rate", type=float, default=3e-3, help="AdamW learning rate")
+    p.add_argument("--hidden", type=int, default=64, help="hidden size of the tiny Llama")
+    p.add_argument("--max-new-tokens", type=int, default=3, help="longest completion, in tokens")
+    p.add_argument("--kl-coeff", type=float, default=0.0, help="beta of the KL term; 0: no reference model")
+    p.add_argument("--entropy-coeff", type=float, default=0.02, help="weight of the entropy bonus")
+    p.add_argument("--seed", type=int, default=0, help="seeds the model, the trainer and the prompt order")
+    p.add_argument("--log-every", type=int, default=10, help="steps between log lines")
+    p.add_argument(
+        "--output-dir", default=None, help="save the trained model here (safetensors); None: do not save"
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     log = logging.getLogger("llm_tiny")

@@ -104,16 +104,18 @@ def train(
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one run per seed")
     parser.add_argument("--steps", type=int, default=150, help="GRPO steps per seed")
     parser.add_argument("--batch-size", type=int, default=8, help="B, env seeds (groups) per step")
     parser.add_argument("--group-size", type=int, default=8, help="G, episodes per seed")
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=1e-3, help="learning rate")
     parser.add_argument("--epochs", type=int, default=10, help="num_epochs_per_update")
-    parser.add_argument("--hidden", type=int, default=64)
-    parser.add_argument("--log-std-init", type=float, default=-0.5)
-    parser.add_argument("--eval-every", type=int, default=25)
+    parser.add_argument("--hidden", type=int, default=64, help="width of the two hidden layers")
+    parser.add_argument("--log-std-init", type=float, default=-0.5, help="initial log std of the Gaussian")
+    parser.add_argument("--eval-every", type=int, default=25, help="steps between evaluations")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     results = [

@@ -195,12 +195,14 @@ class RewardShiftRestart:
         z: the drop, in standard deviations of the fast average, that counts as a shift (> 0).
         settled_kl: the mean ``kl/old`` over the last 10 steps below which the policy counts as
             standing still (> 0).
-        optimizer, scheduler: the trainer's; their states at a restart come back with the
-            incumbent (None: only the weights do).
+        optimizer: the trainer's; its state at a restart comes back with the incumbent (None:
+            only the weights do).
+        scheduler: the trainer's learning-rate scheduler, likewise (None: none).
 
     Attributes:
         incumbent: the weights at the last restart while its probation is open, else None.
-        restarts, given_back: restarts made so far, and how many of them gave the incumbent back.
+        restarts: restarts made so far.
+        given_back: how many of them gave the incumbent back.
     """
 
     def __init__(
