@@ -130,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         "--target", type=float, default=475.0, help="stop when the evaluation mean reaches this"
     )
     args = parser.parse_args(argv)
+    # trainer.step runs this small policy on one thread by itself (GRPOConfig.num_threads); the
+    # evaluation episodes run outside it, and one thread is faster for them too
     torch.set_num_threads(1)
 
     results = [

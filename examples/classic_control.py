@@ -110,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         help="the all-fail tie-breaker (auto: on for Acrobot-v1 and MountainCar-v0)",
     )
     args = parser.parse_args(argv)
+    # trainer.step runs this small policy on one thread by itself (GRPOConfig.num_threads); the
+    # evaluation episodes run outside it, and one thread is faster for them too
     torch.set_num_threads(1)
     bonus = None if args.bonus == "auto" else args.bonus == "on"
     rows = [train(args.env, s, env_steps=args.env_steps, bonus=bonus) for s in args.seeds]

@@ -85,7 +85,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "--out-dir", type=Path, default=None, help="log + checkpoint here; None: a new temporary directory"
     )
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
 
     out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="grpo_custom_loop_"))
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -343,7 +343,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.out_dir is not None:
         _plt()  # matplotlib is checked before the experiments run, not after
 
-    torch.set_num_threads(1)
     bandit = make_bandit(args.arms, args.rounds, seed=args.seed)
     main_run = run_grpo(bandit, args.group_size, args.seed)
     for i, (a, b) in enumerate(bandit.phases()):

@@ -117,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--log-std-init", type=float, default=-0.5, help="initial log std of the Gaussian")
     parser.add_argument("--eval-every", type=int, default=25, help="steps between evaluations")
     args = parser.parse_args(argv)
+    # trainer.step runs this small policy on one thread by itself (GRPOConfig.num_threads); the
+    # evaluation episodes run outside it, and one thread is faster for them too
     torch.set_num_threads(1)
     results = [
         train(

@@ -26,6 +26,7 @@ from grpo.distributed import DISTRIBUTED_MODES, DistributedMode
 from grpo.kl import KL_ESTIMATORS, KLEstimator
 from grpo.lr_schedules import LR_SCHEDULES, LRScheduleName
 from grpo.policy_losses import POLICY_LOSSES, PolicyLossName
+from grpo.threads import SMALL_POLICY_ELEMENTS, NumThreads
 
 KLPenalty = Literal["loss", "reward"]
 KL_PENALTIES: tuple[str, ...] = ("loss", "reward")
@@ -46,6 +47,10 @@ def _recipe_citation(name: str) -> str:
 
 def _is_exactly_one(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == 1.0
+
+
+def _is_positive_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
 def _help(text: str) -> dict[str, str]:
@@ -472,6 +477,19 @@ class GRPOConfig:
             "the setting (torch.set_flush_denormal) alone."
         ),
     )
+    num_threads: NumThreads = field(
+        default="auto",
+        metadata=_help(
+            "Intra-op threads (torch.set_num_threads) while step(), train_on_batch(), update() and "
+            "evaluate() run; the caller's count is restored afterwards. 'auto': 1 when the policy "
+            "runs on CPU and its weights (frozen ones included) hold at most "
+            f"grpo.threads.SMALL_POLICY_ELEMENTS ({SMALL_POLICY_ELEMENTS:,}) elements, else torch's "
+            "setting is left alone: a small policy's ops are too small to gain from threads, and "
+            "beside another busy process each parallel op waits for a descheduled thread (steps "
+            "2-4x slower, single steps up to 9x; docs/training.md, Threads). An int >= 1: that many "
+            "threads. None: leave torch's setting alone."
+        ),
+    )
     checkpoint_keep_last: int | None = field(
         default=3,
         metadata=_help(
@@ -677,6 +695,14 @@ class GRPOConfig:
             check_float("sampler_is_cap", 0.0, False)
         if not isinstance(self.flush_denormals, bool):
             raise bad("flush_denormals", "expected True or False")
+        threads = self.num_threads
+        if not (threads is None or threads == "auto" or _is_positive_int(threads)):
+            raise bad(
+                "num_threads",
+                "expected 'auto', an integer >= 1 or None",
+                " Valid: e.g. num_threads='auto' (the default: 1 thread for a small CPU policy), "
+                "num_threads=2, or num_threads=None (leave torch.set_num_threads alone).",
+            )
         check_int("checkpoint_keep_last", 1, optional=True)
         if self.distributed not in DISTRIBUTED_MODES:
             raise bad("distributed", f"choose one of {DISTRIBUTED_MODES}")

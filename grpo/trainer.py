@@ -57,6 +57,7 @@ from grpo.policy_losses import PolicyLossFn
 from grpo.reward_model_base import RewardModel
 from grpo.reward_shift import RewardShiftRestart, incumbent_advantages
 from grpo.stall_watch import StallWatch
+from grpo.threads import describe, intra_op_threads, policy_elements, resolve_num_threads
 from grpo.trainer_state import TrainerStateMixin
 from grpo.update import UpdateParts, run_update
 from grpo.update_plan import UpdatePlan
@@ -121,7 +122,12 @@ class GRPOTrainer(TrainerStateMixin):
         self.advantage_estimator = AdvantageEstimator.from_config(config, advantage_fn)
         trained = self.optimizer.param_groups if self.optimizer is not None else []
         # float64 for float64 weights: their update is not computed from float32-rounded advantages
-        self._advantage_dtype = advantage_dtype([*self.params, *(p for g in trained for p in g["params"])])
+        weights = [*self.params, *(p for g in trained for p in g["params"])]
+        self._advantage_dtype = advantage_dtype(weights)
+        # intra-op threads in each step: 1 for a small CPU policy by default (grpo/threads.py)
+        elements = policy_elements(self.policy, weights)
+        self.step_threads = resolve_num_threads(config.num_threads, device=self.device, elements=elements)
+        logger.info(describe(config.num_threads, self.step_threads, device=self.device, elements=elements))
         self._kl_in_reward = config.kl_penalty == "reward" and config.kl_coeff > 0
         self.plan = UpdatePlan(
             num_epochs=config.num_epochs_per_update,
@@ -209,7 +215,9 @@ class GRPOTrainer(TrainerStateMixin):
 
         Returns float metrics (names and meanings in docs/metrics.md, declared in
         `grpo.metrics`). With ``config.flush_denormals`` (default) the step runs with subnormal
-        floats flushed to zero on CPU (`grpo.denormals`); the setting is restored afterwards.
+        floats flushed to zero on CPU (`grpo.denormals`), and with ``step_threads`` intra-op
+        threads (``config.num_threads``: one for a small CPU policy by default, `grpo.threads`);
+        both settings are restored afterwards.
         """
         self._note_batch_size(states)
         with self._numerics():
@@ -316,9 +324,12 @@ class GRPOTrainer(TrainerStateMixin):
 
     @contextlib.contextmanager
     def _numerics(self) -> Any:
+        """Subnormals flushed (``config.flush_denormals``) and ``step_threads`` intra-op threads
+        (``config.num_threads``) for the block; the caller's settings are restored after it."""
         changed = flush_denormals_on() if self.config.flush_denormals else False
         try:
-            yield
+            with intra_op_threads(self.step_threads):
+                yield
         finally:
             restore_denormals(changed)
 
@@ -426,7 +437,8 @@ class GRPOTrainer(TrainerStateMixin):
         """
         from grpo.training_loop import evaluate
 
-        return evaluate(self, states, seed=seed, **generate_kwargs)
+        with intra_op_threads(self.step_threads):  # the step's thread policy (grpo/threads.py)
+            return evaluate(self, states, seed=seed, **generate_kwargs)
 
     def train(
         self,

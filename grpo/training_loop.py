@@ -94,6 +94,7 @@ from grpo.experience_collector import ExperienceCollector, select_rows
 from grpo.extras import install_hint
 from grpo.lr_schedules import schedule_length_problem
 from grpo.metric_sinks import format_metrics
+from grpo.threads import intra_op_threads
 
 __all__ = [
     "TrainState",
@@ -905,7 +906,8 @@ def train(
                 record["throughput/steps_per_s"] = 1.0 / iteration
 
                 if eval_every is not None and step % eval_every == 0:
-                    ev = evaluate(trainer, eval_states, seed=eval_seed)
+                    with intra_op_threads(getattr(trainer, "step_threads", None)):  # as the steps run
+                        ev = evaluate(trainer, eval_states, seed=eval_seed)
                     record.update(ev)
                     state.eval_history.append({"step": float(step), **ev})
                     _call(callbacks, "on_eval", state, ev)
