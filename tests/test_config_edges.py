@@ -251,6 +251,10 @@ EDGE_VALUES = [
     pytest.param({"flush_denormals": False}, id="flush_denormals=False"),
     pytest.param({"distributed": "off"}, id="distributed=off"),
     pytest.param({"deepspeed": "off"}, id="deepspeed=off"),
+    pytest.param({"num_threads": "auto"}, id="num_threads=auto"),
+    pytest.param({"num_threads": 1}, id="num_threads=1"),
+    pytest.param({"num_threads": 2}, id="num_threads=2"),
+    pytest.param({"num_threads": None}, id="num_threads=None"),
 ]
 
 
