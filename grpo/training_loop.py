@@ -512,6 +512,15 @@ def evaluate(
 
 
 # ---- summary and progress ------------------------------------------------------------------
+def _plan(trainer: TrainerLike, num_steps: int) -> tuple[int, int, int, str]:
+    """(trainable parameters, start step, steps to run, "S samples, K optimizer steps")."""
+    cfg = trainer.config
+    start = trainer.step_count
+    todo = max(num_steps - start, 0)
+    work = f"{todo * cfg.samples_per_step:,} samples, {todo * cfg.optimizer_steps_per_step:,} optimizer steps"
+    return sum(int(p.numel()) for p in trainer.params), start, todo, work
+
+
 def training_summary(
     trainer: TrainerLike,
     num_steps: int,
@@ -523,9 +532,7 @@ def training_summary(
 ) -> str:
     """The resolved config (``str(config)``, derived quantities included) and the run's plan."""
     cfg = trainer.config
-    n_params = sum(int(p.numel()) for p in trainer.params)
-    start = trainer.step_count
-    todo = max(num_steps - start, 0)
+    n_params, start, todo, work = _plan(trainer, num_steps)
     lines = [
         str(cfg),
         "Run:",
@@ -534,8 +541,7 @@ def training_summary(
         f"  device             = {trainer.device}",
         f"  optimizer          = {type(trainer.optimizer).__name__ if trainer.optimizer else None}",
         f"  lr schedule        = {_schedule_text(trainer)}",
-        f"  steps              = {start} -> {num_steps} ({todo} to run, "
-        f"{todo * cfg.samples_per_step:,} samples, {todo * cfg.optimizer_steps_per_step:,} optimizer steps)",
+        f"  steps              = {start} -> {num_steps} ({todo} to run, {work})",
     ]
     if source is not None:
         lines.append(f"  states source      = {describe_source(source)}")
@@ -661,13 +667,10 @@ def start_line(
     checkpoint_dir: str | os.PathLike[str] | None = None,
 ) -> str:
     """One line: what runs, where, how long (the whole plan: `training_summary`, at DEBUG)."""
-    cfg = trainer.config
-    n_params = sum(int(p.numel()) for p in trainer.params)
-    start, todo = trainer.step_count, max(num_steps - trainer.step_count, 0)
+    n_params, start, _, work = _plan(trainer, num_steps)
     parts = [
         f"grpo: training {type(trainer.policy).__name__} ({n_params:,} parameters) on {trainer.device}",
-        f"steps {start} -> {num_steps} ({todo * cfg.samples_per_step:,} samples, "
-        f"{todo * cfg.optimizer_steps_per_step:,} optimizer steps)",
+        f"steps {start} -> {num_steps} ({work})",
     ]
     if eval_every is not None:
         parts.append(f"evaluation every {eval_every} steps")
@@ -840,13 +843,7 @@ def train(
 
     state = TrainState(trainer=trainer, num_steps=num_steps)
     if resume_from is not None:
-        load = _require_method(trainer, "load_checkpoint", "resume_from")
-        loaded = load(resume_from)
-        state.resumed_from = Path(loaded) if loaded is not None else Path(resume_from)
-        logger.info("resumed from %s at step %d", state.resumed_from, trainer.step_count)
-        for s in sinks:  # the run's files go on (records after the checkpoint are dropped)
-            if callable(getattr(s, "resume", None)):
-                s.resume(trainer.step_count)
+        _resume(state, resume_from, sinks)
 
     if is_main_process():  # once per run, not once per process
         summary = training_summary(
@@ -936,6 +933,17 @@ def train(
             s.flush()
     _call(callbacks, "on_train_end", state)
     return state
+
+
+def _resume(state: TrainState, resume_from: str | os.PathLike[str], sinks: Sequence[Any]) -> None:
+    """Load the checkpoint into the trainer; the sinks continue the run's output after its step."""
+    trainer = state.trainer
+    loaded = _require_method(trainer, "load_checkpoint", "resume_from")(resume_from)
+    state.resumed_from = Path(loaded) if loaded is not None else Path(resume_from)
+    logger.info("resumed from %s at step %d", state.resumed_from, trainer.step_count)
+    for s in sinks:  # the run's files go on (records after the checkpoint are dropped)
+        if callable(getattr(s, "resume", None)):
+            s.resume(trainer.step_count)
 
 
 def _check_checkpoint_dir(path: Path) -> None:

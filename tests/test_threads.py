@@ -14,7 +14,7 @@ from torch import Tensor
 from grpo import GRPOConfig, GRPOTrainer, threads
 from grpo.reward_guard import RewardError
 from grpo.threads import SMALL_POLICY_ELEMENTS, intra_op_threads, policy_elements, resolve_num_threads
-from tests.conftest import ContextualBandit, WordPolicy
+from tests.conftest import ContextualBandit, Counting, WordPolicy
 
 CPU = torch.device("cpu")
 
@@ -28,32 +28,16 @@ def two_threads() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
-class SeesThreads:
-    """Wraps a policy; records torch.get_num_threads() in each of its calls."""
+class SeesThreads(Counting):
+    """Wraps a policy; records torch.get_num_threads() in each call it counts."""
 
     def __init__(self, inner: Any) -> None:
-        self.inner, self.seen = inner, []
+        super().__init__(inner)
+        self.seen: list[int] = []
 
-    def generate_actions(self, states: Any, num_actions_per_state: int, **kwargs: Any) -> Any:
+    def _count(self, name: str) -> None:
+        super()._count(name)
         self.seen.append(torch.get_num_threads())
-        return self.inner.generate_actions(states, num_actions_per_state, **kwargs)
-
-    def get_log_probabilities(self, states: Any, actions: Any) -> Any:
-        self.seen.append(torch.get_num_threads())
-        return self.inner.get_log_probabilities(states, actions)
-
-    def get_parameters(self) -> Any:
-        return self.inner.get_parameters()
-
-    def train(self) -> None:
-        self.inner.train()
-
-    def eval(self) -> None:
-        self.inner.eval()
-
-    def to(self, device: Any) -> SeesThreads:
-        self.inner.to(device)
-        return self
 
 
 def _setup(**config: Any) -> tuple[GRPOTrainer, SeesThreads, list[int], ContextualBandit]:
