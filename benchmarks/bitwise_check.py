@@ -51,12 +51,12 @@ def weights_of(policy: Any) -> dict[str, torch.Tensor]:
 
 
 def quickstart() -> str:
-    import importlib.util
 
     from grpo import GRPOConfig, GRPOTrainer
 
     spec = importlib.util.spec_from_file_location("quickstart", ROOT / "examples" / "quickstart.py")
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     torch.manual_seed(0)
@@ -74,7 +74,7 @@ def quickstart() -> str:
 
 def gym() -> str:
     from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
-    from grpo.gym_episodes import EpisodePolicy, EpisodeRewards
+    from grpo.gym.episodes import EpisodePolicy, EpisodeRewards
 
     torch.manual_seed(0)
     policy = EpisodePolicy("CartPole-v1", categorical_mlp(4, 2, hidden=(32,)))
@@ -130,10 +130,9 @@ def _dist_run(kind: str, rank: int, world: int, out: Path) -> None:
     if kind == "fsdp":
         weights = {k: v.detach().clone() for k, v in trainer.state_dict()["policy"].items()}
     else:  # ZeRO partitions the weights: gather them (every rank takes part)
-        import importlib
+        from grpo.engine.deepspeed import gathered_state_dict
 
-        module = "grpo.engine.deepspeed" if importlib.util.find_spec("grpo.engine") else "grpo.deepspeed_engine"
-        weights = importlib.import_module(module).gathered_state_dict(trainer.policy)
+        weights = gathered_state_dict(trainer.policy)
     if rank == 0 and weights is not None:
         (out / f"{kind}.txt").write_text(digest(weights, history))
     trainer.close()

@@ -42,7 +42,7 @@ and grpo / TRL beside the busy process.
 
 ``--scaling``: in one process, steps of a categorical MLP policy (the quick start's shape,
 512 samples per step) with hidden widths 64..2048, 1 and 2 intra-op threads alternating, quiet
-and busy: where a second thread starts to pay (grpo.threads.SMALL_POLICY_ELEMENTS).
+and busy: where a second thread starts to pay (grpo.runtime.threads.SMALL_POLICY_ELEMENTS).
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ def work_cartpole(side: str, steps: int, max_run_s: float) -> list[float]:
     import torch
 
     from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
-    from grpo.gym_episodes import EpisodePolicy, EpisodeRewards
+    from grpo.gym.episodes import EpisodePolicy, EpisodeRewards
 
     torch.manual_seed(0)
     rng = np.random.default_rng(0)

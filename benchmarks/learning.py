@@ -4,7 +4,7 @@ Every task runs each of its rows on the same seeds with the same stopping rule; 
 alternate seed by seed (even seed index: GRPO rows first, odd: peer rows first) so that a change
 of machine load hits both. One table per task, then a summary in the issue's format: the GRPO
 row with ``GRPOConfig()``'s library defaults (where the issue has one), the GRPO row with
-``GRPOConfig.recipe("small_policy")`` (read from grpo/recipes.py, never copied here), the peer,
+``GRPOConfig.recipe("small_policy")`` (read from grpo/algorithms/recipes.py, never copied here), the peer,
 and the target.
 
 Control tasks (peer: stable-baselines3 ``PPO("MlpPolicy", env, seed=seed, device="cpu")`` with
@@ -45,7 +45,7 @@ Run from the repository root (the PPO rows need an interpreter with stable-basel
     python benchmarks/learning.py --tasks nonstationary acrobot --side grpo --preset kl_coeff=0.01
 
 ``--preset FIELD=JSON`` changes the small_policy preset for the run (every GRPO row and the
-examples read it from ``grpo.recipes``): how the sweeps in RESULTS.md were run.
+examples read it from ``grpo.algorithms.recipes``): how the sweeps in RESULTS.md were run.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bandit_tasks as bt
 import cartpole
 
-from grpo.recipes import recipe_values
+from grpo.algorithms.recipes import recipe_values
 
 EVAL_SEEDS = list(range(1_000_000, 1_000_010))  # 10 evaluation episodes, disjoint from training
 SOLVE_TARGET, EVAL_GATE, PPO_WINDOW = 475.0, 450.0, 20
@@ -554,9 +554,9 @@ def parse_task_seeds(items: Sequence[str]) -> dict[str, list[int]]:
 
 
 def apply_preset_changes(items: Sequence[str]) -> None:
-    """``FIELD=JSON`` items into ``grpo.recipes.RECIPES["small_policy"]`` for this process (every
+    """``FIELD=JSON`` items into ``grpo.algorithms.recipes.RECIPES["small_policy"]`` for this process (every
     GRPO row, the examples' included, reads the preset from there)."""
-    from grpo.recipes import RECIPES
+    from grpo.algorithms.recipes import RECIPES
 
     values = RECIPES["small_policy"].values
     for item in items:
@@ -620,7 +620,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         preset: dict[str, Any] | str = recipe_values("small_policy")
     except ValueError as e:
         preset = str(e)
-    print(f"small_policy preset (grpo/recipes.py): {preset}", flush=True)
+    print(f"small_policy preset (grpo/algorithms/recipes.py): {preset}", flush=True)
     all_results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     t0 = time.perf_counter()
     for task in tasks:

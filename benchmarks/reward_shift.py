@@ -4,7 +4,7 @@ Five non-stationary tasks, each run with three settings of the ``small_policy`` 
 
     none      reward_shift_z=None (no restart)
     drop      the drop alone restarts (the rule before the preference check: stage 1 of
-              grpo.reward_shift, every drop a restart)
+              grpo.training.reward_shift, every drop a restart)
     checked   the preset's rule (stage 1, then stage 2: restart only when the policy's favoured
               actions lost their edge in their groups)
 
@@ -50,8 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import dynamic_bandit as db
 
 from grpo import DistributionPolicy, GRPOConfig, GRPOTrainer, categorical_mlp
-from grpo.gym_episodes import EpisodePolicy, EpisodeRewards
-from grpo.reward_shift import RewardShiftRestart
+from grpo.gym.episodes import EpisodePolicy, EpisodeRewards
+from grpo.training.reward_shift import RewardShiftRestart
 
 TASKS = ("switch", "shift", "rescale", "walk", "cartpole")
 VARIANTS = ("none", "drop", "checked")

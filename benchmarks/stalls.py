@@ -38,8 +38,8 @@ import numpy as np
 import torch
 
 from grpo import CombinedReward, GRPOConfig, GRPOTrainer, StallWarning, categorical_mlp
-from grpo.exploration import EpisodeSpread
-from grpo.gym_episodes import EpisodePolicy, EpisodeReturn, evaluate_episodes
+from grpo.gym.episodes import EpisodePolicy, EpisodeReturn, evaluate_episodes
+from grpo.gym.exploration import EpisodeSpread
 
 EVAL_SEEDS = list(range(1_000_000, 1_000_020))
 CANDIDATES = ["none", "entropy", "group32", "batchbase", "spread", "spread20", "spread20_decay"]

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
-from grpo.metric_sinks import CSVSink, JSONLSink
+from grpo.metrics.sinks import CSVSink, JSONLSink
 
 
 def reward(states: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@
 A group is G episodes started from the same ``env.reset(seed=s)``. Settings: the `small_policy`
 preset (``GRPOConfig.recipe("small_policy", group_size=4, batch_size=4)``) with per-step credit
 (`EpisodeRewards`): each step's return-to-go (gamma 0.99) is compared with the other episodes of
-its group at the same step (see grpo/gym_episodes.py). Training stops when the deterministic
+its group at the same step (see grpo/gym/episodes.py). Training stops when the deterministic
 policy (argmax) averages >= 475 over 10 evaluation episodes (full 500-step episodes) whose seeds
 are disjoint from the training seeds. ``--train-horizon N`` caps
 training episodes at N steps (default: the env's own 500).
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
-from grpo.gym_episodes import EpisodePolicy, EpisodeRewards, evaluate_episodes
+from grpo.gym.episodes import EpisodePolicy, EpisodeRewards, evaluate_episodes
 
 ENV_ID = "CartPole-v1"
 EVAL_SEEDS = list(range(1_000_000, 1_000_020))  # never drawn for training (those are < 2**20)

@@ -3,12 +3,12 @@
 One recipe for every task: ``GRPOConfig.recipe("small_policy", group_size=4, batch_size=4)``.
 Each step plays B = 4 env seeds x G = 4 episodes; every env step is credited with its discounted
 return-to-go (gamma 0.99), compared with the other episodes of its group at the same time step
-(`grpo.gym_episodes.EpisodeRewards`). Discrete action spaces get ``categorical_mlp``, Box ones
+(`grpo.gym.episodes.EpisodeRewards`). Discrete action spaces get ``categorical_mlp``, Box ones
 ``gaussian_mlp`` (64 x 64, like stable-baselines3's default MlpPolicy).
 
 Goal-reaching tasks that pay nothing until the goal (Acrobot-v1, MountainCar-v0) start with every
 episode failing alike: every group's rewards are equal and GRPO has nothing to compare. For those
-``--bonus`` (the default for them) adds `grpo.exploration.EpisodeSpread` with weight 0.01 to the
+``--bonus`` (the default for them) adds `grpo.gym.exploration.EpisodeSpread` with weight 0.01 to the
 last step of each episode: a tie-breaker that only acts where a group's task rewards are all equal
 (docs/gym_episodes.md, "All-fail tasks").
 
@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 from grpo import GRPOConfig, GRPOTrainer, categorical_mlp, gaussian_mlp
-from grpo.exploration import EpisodeSpread
-from grpo.gym_episodes import EpisodePolicy, EpisodeRewards, evaluate_episodes
+from grpo.gym.episodes import EpisodePolicy, EpisodeRewards, evaluate_episodes
+from grpo.gym.exploration import EpisodeSpread
 
 EVAL_SEEDS = list(range(1_000_000, 1_000_010))
 ALL_FAIL_AT_FIRST = ("Acrobot-v1", "MountainCar-v0")  # pay nothing until the goal

@@ -18,7 +18,7 @@ import argparse
 import torch
 
 from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
-from grpo.distributed import get_world_size, is_main_process, shutdown
+from grpo.engine.distributed import get_world_size, is_main_process, shutdown
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from torch.distributions import Categorical
 
 from grpo import DistributionPolicy, GRPOConfig, GRPOTrainer
-from grpo.extras import install_hint
+from grpo.runtime.extras import install_hint
 
 
 # ---- the environment -----------------------------------------------------------------------

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from grpo import GRPOConfig, GRPOTrainer, gaussian_mlp
-from grpo.gym_episodes import EpisodePolicy, EpisodeReturn, evaluate_episodes
+from grpo.gym.episodes import EpisodePolicy, EpisodeReturn, evaluate_episodes
 
 ENV_ID = "Pendulum-v1"
 EVAL_SEEDS = list(range(1_000_000, 1_000_020))

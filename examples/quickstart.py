@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> float:
 
     policy = ArmPolicy()
     # the preset for small policies: lr 5e-3 (lowered when steps move too far), 10 epochs x 4
-    # mini-batches (grpo/recipes.py)
+    # mini-batches (grpo/algorithms/recipes.py)
     config = GRPOConfig.recipe("small_policy", group_size=8, batch_size=64, seed=args.seed)
     trainer = GRPOTrainer(config, policy, reward)  # print(config) shows every setting
     score = start = fraction_of_oracle(policy)

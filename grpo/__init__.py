@@ -11,18 +11,26 @@ from grpo.advantage_estimator import (
     group_advantages,
     group_stats,
 )
-from grpo.advantages import RunningMeanStd
-from grpo.aggregation import aggregate, aggregation_normaliser
-from grpo.backends import Backend, OptimizerStepResult
-from grpo.callbacks import Callback, EarlyStopping
-from grpo.checkpoint import CheckpointError, find_latest_checkpoint
+from grpo.algorithms.advantages import RunningMeanStd
+from grpo.algorithms.aggregation import aggregate, aggregation_normaliser
+from grpo.algorithms.kl import KLFn, kl_estimate
+from grpo.algorithms.policy_losses import (
+    PolicyLoss,
+    PolicyLossFn,
+    cispo_loss,
+    clip_loss,
+    gspo_loss,
+    reinforce_loss,
+    sapo_loss,
+)
+from grpo.algorithms.recipes import RECIPES
 from grpo.config import GRPOConfig
-from grpo.distributed import is_main_process, shard
+from grpo.engine.backends import Backend, OptimizerStepResult
+from grpo.engine.distributed import is_main_process, shard
+from grpo.engine.lr_schedules import LRSchedule
 from grpo.experience_collector import ExperienceBatch, ExperienceCollector
 from grpo.grpo_objective import GRPOObjective, ObjectiveOutput
-from grpo.kl import KLFn, kl_estimate
-from grpo.lr_schedules import LRSchedule
-from grpo.metric_sinks import (
+from grpo.metrics.sinks import (
     CSVSink,
     JSONLSink,
     LoggingSink,
@@ -33,26 +41,19 @@ from grpo.metric_sinks import (
 )
 from grpo.policies import DistributionPolicy, categorical_mlp, gaussian_mlp
 from grpo.policy_base import PolicyModel, PolicyOutput, SupportsEvaluateActions, check_policy
-from grpo.policy_losses import (
-    PolicyLoss,
-    PolicyLossFn,
-    cispo_loss,
-    clip_loss,
-    gspo_loss,
-    reinforce_loss,
-    sapo_loss,
-)
-from grpo.recipes import RECIPES
-from grpo.reward_guard import RewardError, RewardTimeoutError
 from grpo.reward_model_base import (
     CombinedReward,
     FunctionReward,
     RewardModel,
     check_reward_model,
 )
-from grpo.stall_watch import StallWarning, StallWatch
+from grpo.rollout.reward_guard import RewardError, RewardTimeoutError
+from grpo.runtime import moved_modules as _moved_modules
+from grpo.state.checkpoint import CheckpointError, find_latest_checkpoint
 from grpo.trainer import GRPOTrainer
-from grpo.training_loop import TrainState
+from grpo.training.callbacks import Callback, EarlyStopping
+from grpo.training.loop import TrainState
+from grpo.training.stall_watch import StallWarning, StallWatch
 
 __version__ = "0.1.0"
 
@@ -115,3 +116,5 @@ __all__ = [
     "sapo_loss",
     "shard",
 ]
+
+_moved_modules.install()  # old module paths (grpo 0.1) keep working for one release

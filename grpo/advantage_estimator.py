@@ -19,7 +19,7 @@ construction rather than by luck of rounding:
 No Python loop over samples or groups runs here: everything is ``index_add_`` / gather.
 
 `AdvantageEstimator` is the composition point the trainer calls: reward clipping, combination of
-reward components, baseline / scale (any source, see `grpo.advantages`), a KL penalty folded into
+reward components, baseline / scale (any source, see `grpo.algorithms.advantages`), a KL penalty folded into
 the reward, whitening, advantage clipping and the zero-variance-group filter, in that order.
 """
 
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 import torch
 from torch import Tensor
 
-from grpo.advantages import (
+from grpo.algorithms.advantages import (
     AdvantageBaseline,
     AdvantageScale,
     RewardCombination,
@@ -41,7 +41,7 @@ from grpo.advantages import (
     normalise_step_scores,
     whiten,
 )
-from grpo.kl import kl_return_to_go
+from grpo.algorithms.kl import kl_return_to_go
 
 if TYPE_CHECKING:
     from grpo.config import GRPOConfig
@@ -170,8 +170,8 @@ class AdvantageEstimator:
 
     1. reward clip: r <- clamp(r, -c, c) (each component in "per_component" mode);
     2. scores: "sum": x = r (= sum_k w_k r_k); with a KL penalty, the per-step return
-       x_it = r_i - P_it, P_it = sum_{t' >= t} m p_it' (`grpo.kl.kl_return_to_go`);
-    3. A = (x - b) / d with baseline / scale sources (`grpo.advantages.normalise_scores`), or the
+       x_it = r_i - P_it, P_it = sum_{t' >= t} m p_it' (`grpo.algorithms.kl.kl_return_to_go`);
+    3. A = (x - b) / d with baseline / scale sources (`grpo.algorithms.advantages.normalise_scores`), or the
        user's ``advantage_fn``; "per_component": A = sum_k w_k normalise(r_k) (- normalise(P)
        for the KL penalty, as its own component);
     4. whiten over valid steps (optional); 5. clip A to [-c, c] (optional);
@@ -180,7 +180,7 @@ class AdvantageEstimator:
 
     With per-step rewards ``(N, T)`` (``step_rewards``), step 2's score of step t is its
     discounted return-to-go (``gamma``) and step 3 normalises across the group at each t
-    (`grpo.advantages.normalise_step_scores`).
+    (`grpo.algorithms.advantages.normalise_step_scores`).
 
     State: one `RunningMeanStd` per score stream ("reward", each component, "kl_penalty") when a
     source is "running"; ``state_dict()`` / ``load_state_dict()`` for checkpoints.
@@ -281,7 +281,7 @@ class AdvantageEstimator:
         ``step_rewards`` (N, T) with ``mask``: per-step credit. The score of step t is its
         return-to-go ``x_it = sum_{t' >= t} gamma^(t'-t) r_it'`` over valid steps (minus the KL
         penalty's return-to-go), normalised across the group at the same t
-        (`grpo.advantages.normalise_step_scores`); ``rewards`` then only feed the statistics."""
+        (`grpo.algorithms.advantages.normalise_step_scores`); ``rewards`` then only feed the statistics."""
         ids = group_ids.long()
         penalty_rtg = None
         if kl_penalty is not None:

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from grpo.advantages import (
+from grpo.algorithms.advantages import (
     ADVANTAGE_BASELINES,
     ADVANTAGE_SCALES,
     REWARD_COMBINATIONS,
@@ -21,12 +21,12 @@ from grpo.advantages import (
     AdvantageScale,
     RewardCombination,
 )
-from grpo.aggregation import AGGREGATIONS, Aggregation
-from grpo.distributed import DISTRIBUTED_MODES, DistributedMode
-from grpo.kl import KL_ESTIMATORS, KLEstimator
-from grpo.lr_schedules import LR_SCHEDULES, LRScheduleName
-from grpo.policy_losses import POLICY_LOSSES, PolicyLossName
-from grpo.threads import SMALL_POLICY_ELEMENTS, NumThreads
+from grpo.algorithms.aggregation import AGGREGATIONS, Aggregation
+from grpo.algorithms.kl import KL_ESTIMATORS, KLEstimator
+from grpo.algorithms.policy_losses import POLICY_LOSSES, PolicyLossName
+from grpo.engine.distributed import DISTRIBUTED_MODES, DistributedMode
+from grpo.engine.lr_schedules import LR_SCHEDULES, LRScheduleName
+from grpo.runtime.threads import SMALL_POLICY_ELEMENTS, NumThreads
 
 KLPenalty = Literal["loss", "reward"]
 KL_PENALTIES: tuple[str, ...] = ("loss", "reward")
@@ -40,7 +40,7 @@ INVALID_REWARD_POLICIES: tuple[str, ...] = ("raise", "drop_groups")
 
 
 def _recipe_citation(name: str) -> str:
-    from grpo.recipes import RECIPES
+    from grpo.algorithms.recipes import RECIPES
 
     return RECIPES[name].citation if name in RECIPES else "(unknown recipe)"
 
@@ -284,7 +284,7 @@ class GRPOConfig:
         metadata=_help(
             "Learning-rate schedule after warmup: 'constant', 'linear' (decay to "
             "lr_min_ratio * learning_rate at total_steps) or 'cosine'. Formulas in "
-            "grpo.lr_schedules; stepped once per optimizer step."
+            "grpo.engine.lr_schedules; stepped once per optimizer step."
         ),
     )
     warmup_steps: int = field(
@@ -311,7 +311,7 @@ class GRPOConfig:
             "κ: adapt the learning rate to keep each optimizer step's KL(π_old ‖ π_θ) near κ: "
             "divided by 1.5 when above 2κ, times 1.5 when below κ/2, within [adaptive_lr_min, "
             "adaptive_lr_max], starting at learning_rate (rsl_rl's 'adaptive' schedule; rule in "
-            "grpo.adaptive_lr). Needs more than one optimizer step per update. None = off (> 0)."
+            "grpo.update.adaptive_lr). Needs more than one optimizer step per update. None = off (> 0)."
         ),
     )
     adaptive_lr_min: float = field(
@@ -327,7 +327,7 @@ class GRPOConfig:
             "z: restart from the starting weights when the mean reward "
             "falls more than z standard deviations of its fast average while the policy stands still "
             "(mean kl/old < reward_shift_kl over 10 steps): a non-stationary task changed (rule in "
-            "grpo.reward_shift). Needs more than one optimizer step per update. None = off (> 0)."
+            "grpo.training.reward_shift). Needs more than one optimizer step per update. None = off (> 0)."
         ),
     )
     reward_shift_kl: float = field(
@@ -435,7 +435,7 @@ class GRPOConfig:
             "of that step is undone (weights and optimizer state bitwise as before the step), "
             "counted in optim/non_finite_steps, with a warning; 'raise' = undo the same way, then "
             "raise FloatingPointError. Weights made NaN/inf by an update of a single optimizer "
-            "step cannot be undone (no copy is kept) and always raise (grpo/guard.py)."
+            "step cannot be undone (no copy is kept) and always raise (grpo/update/guard.py)."
         ),
     )
     invalid_rewards: InvalidRewardPolicy = field(
@@ -483,7 +483,7 @@ class GRPOConfig:
             "Intra-op threads (torch.set_num_threads) while step(), train_on_batch(), update() and "
             "evaluate() run; the caller's count is restored afterwards. 'auto': 1 when the policy "
             "runs on CPU and its weights (frozen ones included) hold at most "
-            f"grpo.threads.SMALL_POLICY_ELEMENTS ({SMALL_POLICY_ELEMENTS:,}) elements, else torch's "
+            f"grpo.runtime.threads.SMALL_POLICY_ELEMENTS ({SMALL_POLICY_ELEMENTS:,}) elements, else torch's "
             "setting is left alone: a small policy's ops are too small to gain from threads, and "
             "beside another busy process each parallel op waits for a descheduled thread (steps "
             "2-4x slower, single steps up to 9x; docs/training.md, Threads). An int >= 1: that many "
@@ -512,7 +512,7 @@ class GRPOConfig:
         default="auto",
         metadata=_help(
             "DeepSpeed ZeRO-1/2/3 for the backward pass and optimizer step (the 'deepspeed' extra: "
-            "pip install 'torch-grpo[deepspeed]'; see grpo.deepspeed_engine and docs/scaling.md). "
+            "pip install 'torch-grpo[deepspeed]'; see grpo.engine.deepspeed and docs/scaling.md). "
             "'auto': when "
             "accelerate launch was configured for DeepSpeed (ACCELERATE_USE_DEEPSPEED=true), its "
             "DeepSpeed config; otherwise off. 'off': never. Any other value: the path of a "
@@ -532,10 +532,10 @@ class GRPOConfig:
     def recipe(cls, name: str, **overrides: Any) -> GRPOConfig:
         """A named preset with its paper's published defaults, then ``overrides``.
 
-        Names: see `grpo.recipes.RECIPES` ("deepseek_math", "dr_grpo", "dapo", "gspo", "cispo",
+        Names: see `grpo.algorithms.recipes.RECIPES` ("deepseek_math", "dr_grpo", "dapo", "gspo", "cispo",
         and grpo's own "small_policy" for bandits and classic control).
         """
-        from grpo.recipes import recipe_values
+        from grpo.algorithms.recipes import recipe_values
 
         values = recipe_values(name)
         known = [f.name for f in dataclasses.fields(cls)]

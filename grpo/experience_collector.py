@@ -31,8 +31,8 @@ from torch import Tensor
 
 from grpo.advantage_estimator import uniform_group_ids
 from grpo.policy_base import EntropyRequest, PolicyModel, PolicyOutput, has_method, set_training_mode
-from grpo.reward_guard import call_reward
 from grpo.reward_model_base import FunctionReward, RewardModel
+from grpo.rollout.reward_guard import call_reward
 
 __all__ = [
     "ExperienceBatch",
@@ -538,7 +538,7 @@ class ExperienceCollector:
         invalid_rewards: ``"raise"`` on a None/NaN/inf reward, or ``"drop_groups"``: leave the
             groups holding one out of the batch (counted in ``batch.dropped_groups``).
         reward_timeout: seconds one reward call may take (None = no limit); see
-            `grpo.reward_guard`.
+            `grpo.rollout.reward_guard`.
     """
 
     def __init__(
@@ -788,7 +788,7 @@ class ExperienceCollector:
         self, states: Any, generate_kwargs: dict[str, Any], *, record_old: Callable[[int], bool] | None = None
     ) -> ExperienceBatch:
         """`collect`, recording ``old_log_probs`` (and so the mask) only when ``record_old(B)``
-        says the update of B states needs them before its forwards (`grpo.update_plan`); None =
+        says the update of B states needs them before its forwards (`grpo.update.plan`); None =
         ``record_old_log_probs``. Otherwise they come from the update's first forwards, saving a
         policy forward."""
         states = self._checked_states(states)

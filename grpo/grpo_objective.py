@@ -1,6 +1,6 @@
 """The GRPO loss: `GRPOObjective` composes a policy loss, a KL term, an entropy term and an
-aggregation. The pieces are pure functions in `grpo.policy_losses`, `grpo.kl` and
-`grpo.aggregation` (re-exported here); docs/algorithms.md lists every formula.
+aggregation. The pieces are pure functions in `grpo.algorithms.policy_losses`, `grpo.algorithms.kl` and
+`grpo.algorithms.aggregation` (re-exported here); docs/algorithms.md lists every formula.
 
 Notation (per sample i and step t; one-shot actions have T = 1):
 
@@ -9,9 +9,9 @@ Notation (per sample i and step t; one-shot actions have T = 1):
     rho = exp(logp - logp_old)             (log-ratio clamped to [-c, c] for numerical safety)
 
     policy term   l_pg  = one of "clip" (GRPO/PPO, optional dual clip), "gspo", "cispo", "sapo",
-                          "reinforce" (see grpo.policy_losses), or a user ``loss_fn``
+                          "reinforce" (see grpo.algorithms.policy_losses), or a user ``loss_fn``
     KL term       l_kl  = k(logp, logp_ref), an estimate of KL(pi_theta || pi_ref) on samples
-                          drawn from the policy (k1 / k2 / k3, see grpo.kl), or a user ``kl_fn``
+                          drawn from the policy (k1 / k2 / k3, see grpo.algorithms.kl), or a user ``kl_fn``
     entropy term  l_H   = H(pi_theta(. | s, a_<t)) exact when the policy gives it, otherwise the
                           Monte Carlo estimate -logp (value) whose gradient is -logp * grad(logp),
                           the score-function estimate of grad H on the policy's own samples.
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 from torch import Tensor
 
-from grpo.aggregation import (
+from grpo.algorithms.aggregation import (
     AGGREGATIONS,
     Aggregation,
     aggregate,
@@ -39,8 +39,8 @@ from grpo.aggregation import (
     aggregation_normaliser,
     normaliser_from_count,
 )
-from grpo.kl import KL_ESTIMATORS, KLEstimator, KLFn, kl_and_grad, kl_estimate
-from grpo.policy_losses import (
+from grpo.algorithms.kl import KL_ESTIMATORS, KLEstimator, KLFn, kl_and_grad, kl_estimate
+from grpo.algorithms.policy_losses import (
     POLICY_LOSSES,
     PolicyLoss,
     PolicyLossFn,
@@ -505,7 +505,7 @@ class GRPOObjective:
         """The "clip" loss with the built-in KL and entropy terms, as one `_FusedLoss`.
 
         Per valid step, with r = exp(clamp(logp - logp_old, -c, c)) and A < 0 / A >= 0 bounds
-        (lo_A, hi_A) as in `grpo.policy_losses.clip_loss`, the gradients w.r.t. logp are
+        (lo_A, hi_A) as in `grpo.algorithms.policy_losses.clip_loss`, the gradients w.r.t. logp are
         ``-A r [lo_A <= r <= hi_A]`` (zero where the log-ratio clamp is active), for the KL
         k1: ``1``, k2: ``-(logp_ref - logp)``, k3: ``1 - exp(d)`` (zero outside the clamp), and for
         the entropy estimate ``-logp`` (`entropy_bonus`): ``-logp``; each times the aggregation

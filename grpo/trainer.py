@@ -5,10 +5,10 @@ after it::
 
     batch = collector.collect(states)           # 1. grpo/experience_collector.py
     adv   = self.advantages(batch)              # 2. grpo/advantage_estimator.py
-    run_update(parts, batch, adv, ...)          # 3. grpo/update.py over grpo/update_plan.py,
-                                                #    grpo/backends.py and grpo/guard.py
+    run_update(parts, batch, adv, ...)          # 3. grpo/update/loop.py over grpo/update/plan.py,
+                                                #    grpo/engine/backends.py and grpo/update/guard.py
     step_count += 1; maybe refresh reference    # 4.
-    backend.reduce_metrics(...)                 # 5. grpo/metrics.py
+    backend.reduce_metrics(...)                 # 5. grpo/metrics/__init__.py
 
 The trainer composes the parts and holds the state they share (step count, RNG generator); it
 has no math of its own (the loss is `grpo.grpo_objective`). docs/architecture.md is the map.
@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor
 
-from grpo.adaptive_lr import AdaptiveLR
 from grpo.advantage_estimator import (
     AdvantageEstimator,
     AdvantageFn,
@@ -35,10 +34,12 @@ from grpo.advantage_estimator import (
     advantage_dtype,
     with_statistics,
 )
-from grpo.backends import Backend
+from grpo.algorithms.kl import KLFn
+from grpo.algorithms.policy_losses import PolicyLossFn
 from grpo.config import GRPOConfig
-from grpo.denormals import flush_denormals_on, restore_denormals
-from grpo.engine_setup import (
+from grpo.engine.backends import Backend
+from grpo.engine.lr_schedules import schedule_length_problem
+from grpo.engine.setup import (
     checked_inputs,
     join_processes,
     make_backend,
@@ -48,22 +49,21 @@ from grpo.engine_setup import (
 )
 from grpo.experience_collector import ExperienceBatch, ExperienceCollector, evaluate_log_probs
 from grpo.grpo_objective import GRPOObjective
-from grpo.guard import UpdateGuard
-from grpo.kl import KLFn
-from grpo.lr_schedules import schedule_length_problem
 from grpo.metrics import StepCounts, empty_extremes_as_nan
 from grpo.policy_base import EntropyRequest, PolicyModel, has_method, set_training_mode
-from grpo.policy_losses import PolicyLossFn
 from grpo.reward_model_base import RewardModel
-from grpo.reward_shift import RewardShiftRestart, incumbent_advantages
-from grpo.stall_watch import StallWatch
-from grpo.threads import describe, intra_op_threads, policy_elements, resolve_num_threads
-from grpo.trainer_state import TrainerStateMixin
-from grpo.update import UpdateParts, run_update
-from grpo.update_plan import UpdatePlan
+from grpo.runtime.denormals import flush_denormals_on, restore_denormals
+from grpo.runtime.threads import describe, intra_op_threads, policy_elements, resolve_num_threads
+from grpo.state.trainer_state import TrainerStateMixin
+from grpo.training.reward_shift import RewardShiftRestart, incumbent_advantages
+from grpo.training.stall_watch import StallWatch
+from grpo.update.adaptive_lr import AdaptiveLR
+from grpo.update.guard import UpdateGuard
+from grpo.update.loop import UpdateParts, run_update
+from grpo.update.plan import UpdatePlan
 
 if TYPE_CHECKING:
-    from grpo.training_loop import TrainState
+    from grpo.training.loop import TrainState
 
 __all__ = ["GRPOConfig", "GRPOTrainer"]
 
@@ -80,12 +80,12 @@ class GRPOTrainer(TrainerStateMixin):
         reference_policy: the policy the KL term pulls towards. Default: a frozen copy of the
             starting policy (DeepSeekMath), made only when ``config.kl_coeff > 0``.
         optimizer: a torch optimizer over the policy's parameters. Default: AdamW with
-            ``config.learning_rate`` over ``policy.get_parameters()`` (`grpo.optim.default_optimizer`:
+            ``config.learning_rate`` over ``policy.get_parameters()`` (`grpo.engine.optim.default_optimizer`:
             the fused implementation where torch has one).
         advantage_fn: replaces the baseline/scale step of the advantage
             (`grpo.advantage_estimator.AdvantageFn`); no subclassing needed.
-        loss_fn: replaces the per-step policy loss (`grpo.policy_losses.PolicyLossFn`).
-        kl_fn: replaces the KL estimator (`grpo.kl.KLFn`).
+        loss_fn: replaces the per-step policy loss (`grpo.algorithms.policy_losses.PolicyLossFn`).
+        kl_fn: replaces the KL estimator (`grpo.algorithms.kl.KLFn`).
     """
 
     def __init__(
@@ -124,7 +124,7 @@ class GRPOTrainer(TrainerStateMixin):
         # float64 for float64 weights: their update is not computed from float32-rounded advantages
         weights = [*self.params, *(p for g in trained for p in g["params"])]
         self._advantage_dtype = advantage_dtype(weights)
-        # intra-op threads in each step: 1 for a small CPU policy by default (grpo/threads.py)
+        # intra-op threads in each step: 1 for a small CPU policy by default (grpo/runtime/threads.py)
         elements = policy_elements(self.policy, weights)
         self.step_threads = resolve_num_threads(config.num_threads, device=self.device, elements=elements)
         logger.info(describe(config.num_threads, self.step_threads, device=self.device, elements=elements))
@@ -189,7 +189,7 @@ class GRPOTrainer(TrainerStateMixin):
 
     def _check_schedule_length(self) -> None:
         """Warn when a decaying schedule ends within a few trainer steps (total_steps counts
-        optimizer steps; `grpo.lr_schedules.schedule_length_problem`)."""
+        optimizer steps; `grpo.engine.lr_schedules.schedule_length_problem`)."""
         cfg = self.config
         if self.scheduler is None:
             return
@@ -215,8 +215,8 @@ class GRPOTrainer(TrainerStateMixin):
 
         Returns float metrics (names and meanings in docs/metrics.md, declared in
         `grpo.metrics`). With ``config.flush_denormals`` (default) the step runs with subnormal
-        floats flushed to zero on CPU (`grpo.denormals`), and with ``step_threads`` intra-op
-        threads (``config.num_threads``: one for a small CPU policy by default, `grpo.threads`);
+        floats flushed to zero on CPU (`grpo.runtime.denormals`), and with ``step_threads`` intra-op
+        threads (``config.num_threads``: one for a small CPU policy by default, `grpo.runtime.threads`);
         both settings are restored afterwards.
         """
         self._note_batch_size(states)
@@ -267,7 +267,7 @@ class GRPOTrainer(TrainerStateMixin):
         """Steps 2-5 of `step`: advantages, update, counters, metrics."""
         adv = self.advantages(batch)  # 2. group-relative advantages (and reward statistics)
         t1 = time.perf_counter()
-        update, valid_steps = self._run_update(batch, adv)  # 3. the update (grpo/update.py)
+        update, valid_steps = self._run_update(batch, adv)  # 3. the update (grpo/update/loop.py)
         t2 = time.perf_counter()
         self.step_count += 1  # 4. counters, reference refresh
         freq = self.config.reference_update_freq
@@ -283,7 +283,7 @@ class GRPOTrainer(TrainerStateMixin):
             metrics = self.backend.reduce_metrics(metrics, counts)
         metrics = empty_extremes_as_nan(metrics)  # an update without a valid step has no ratio
         metrics = self.stall_watch.observe(metrics)  # warns (StallWarning) when learning has stalled
-        if self.reward_shift is not None:  # restarts on a change of the task (grpo/reward_shift.py)
+        if self.reward_shift is not None:  # restarts on a change of the task (grpo/training/reward_shift.py)
             metrics = self._observe_reward_shift(self.reward_shift, batch, adv, metrics)
         return metrics
 
@@ -291,7 +291,7 @@ class GRPOTrainer(TrainerStateMixin):
         self, watch: RewardShiftRestart, batch: ExperienceBatch, adv: Advantages, metrics: dict[str, float]
     ) -> dict[str, float]:
         """The restart rule reads the step's metrics and, while a restart is on probation, the
-        incumbent's advantages in the step's groups (`grpo.reward_shift.incumbent_advantages`:
+        incumbent's advantages in the step's groups (`grpo.training.reward_shift.incumbent_advantages`:
         one forward of the batch with the incumbent's weights, summed over processes)."""
         world = 1 if self.distributed is None else self.distributed.world_size
         sums = None
@@ -338,7 +338,9 @@ class GRPOTrainer(TrainerStateMixin):
         the same forwards; refuse different numbers of states before any of them (a clear error
         on every rank instead of a hang). A closed trainer refuses to step at all."""
         if self._deepspeed is not None and self._deepspeed.engine is None:
-            raise RuntimeError("this trainer was closed (close / grpo.distributed.shutdown); build a new one")
+            raise RuntimeError(
+                "this trainer was closed (close / grpo.engine.distributed.shutdown); build a new one"
+            )
         if self.distributed is None or self.deepspeed_stage != 3:
             return
         try:
@@ -352,7 +354,7 @@ class GRPOTrainer(TrainerStateMixin):
     def collect(self, states: Any, **generate_kwargs: Any) -> ExperienceBatch:
         """Rollout only: G actions per state, rewards, behaviour log-probs (always recorded here;
         `step` skips them when its update can take them from its first forwards, see
-        `grpo.update_plan`) and reference log-probs when a KL term is on."""
+        `grpo.update.plan`) and reference log-probs when a KL term is on."""
         return self.collector.collect(states, **generate_kwargs)
 
     def _record_old(self, num_states: int) -> bool:
@@ -423,21 +425,21 @@ class GRPOTrainer(TrainerStateMixin):
 
     def close(self) -> None:
         """Release what the trainer holds outside itself (DeepSpeed's engines, hooks and groups; see
-        `grpo.deepspeed_engine.DeepSpeedBackend.close`); a no-op without DeepSpeed. The trainer
-        cannot step afterwards. `grpo.distributed.shutdown` calls it before destroying the group."""
+        `grpo.engine.deepspeed.DeepSpeedBackend.close`); a no-op without DeepSpeed. The trainer
+        cannot step afterwards. `grpo.engine.distributed.shutdown` calls it before destroying the group."""
         if self._deepspeed is not None:
             self._deepspeed.close()
 
-    # ---- training loop (grpo.training_loop) ---------------------------------------------
+    # ---- training loop (grpo.training.loop) ---------------------------------------------
     def evaluate(self, states: Any, *, seed: int | None = None, **generate_kwargs: Any) -> dict[str, float]:
         """Mean reward of G sampled actions per state; no update, no weight change, RNGs untouched.
 
         Returns ``eval/reward/{mean,std,min,max}``, ``eval/reward/<component>/mean`` and
-        ``time/eval`` over all ``n * G`` samples; see `grpo.training_loop.evaluate`.
+        ``time/eval`` over all ``n * G`` samples; see `grpo.training.loop.evaluate`.
         """
-        from grpo.training_loop import evaluate
+        from grpo.training.loop import evaluate
 
-        with intra_op_threads(self.step_threads):  # the step's thread policy (grpo/threads.py)
+        with intra_op_threads(self.step_threads):  # the step's thread policy (grpo/runtime/threads.py)
             return evaluate(self, states, seed=seed, **generate_kwargs)
 
     def train(
@@ -455,10 +457,10 @@ class GRPOTrainer(TrainerStateMixin):
         log_every: int | None = None,
     ) -> TrainState:
         """Run steps until ``step_count == num_steps``, with progress, evaluation, sinks and
-        checkpoints; the arguments are those of `grpo.training_loop.train`, which documents them.
-        Returns its `grpo.training_loop.TrainState` (history, eval history, checkpoints, stop reason).
+        checkpoints; the arguments are those of `grpo.training.loop.train`, which documents them.
+        Returns its `grpo.training.loop.TrainState` (history, eval history, checkpoints, stop reason).
         """
-        from grpo.training_loop import train
+        from grpo.training.loop import train
 
         return train(
             self, states_source, num_steps, eval_states=eval_states, eval_every=eval_every,

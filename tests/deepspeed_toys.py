@@ -250,13 +250,13 @@ def hung_build_worker(rank: int, world: int, out: Path) -> None:
 
 def shutdown_worker(rank: int, world: int, out: Path) -> None:
     """A trainer (DeepSpeed ZeRO-3 when ``out/zero3.json`` exists, else the trainer's own sync)
-    takes a step, then `grpo.distributed.shutdown`; once the script lets the trainer and the policy
+    takes a step, then `grpo.engine.distributed.shutdown`; once the script lets the trainer and the policy
     go, no gloo thread may be left for interpreter exit. Writes ``threads-rank{r}.json``: the
     names of this process's threads then, and whether the group is still initialised."""
     import gc
 
     from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
-    from grpo.distributed import shutdown
+    from grpo.engine.distributed import shutdown
 
     ds = out / "zero3.json"
     config = GRPOConfig(group_size=4, batch_size=2, seed=0, deepspeed=str(ds) if ds.exists() else "off")

@@ -352,7 +352,7 @@ def worker_main(rank: int, world: int, out: Path) -> None:
 
     Writes ``rank{r}.pt``; rank 0 alone writes ``from2.pt``, the training state after 3 steps.
     """
-    from grpo.distributed import barrier, is_main_process, reseed_other_ranks
+    from grpo.engine.distributed import barrier, is_main_process, reseed_other_ranks
     from grpo.policies import categorical_mlp
 
     rows = slice(rank * LOCAL_B, (rank + 1) * LOCAL_B)
@@ -433,10 +433,10 @@ def worker_main(rank: int, world: int, out: Path) -> None:
 
 
 def checkpoint_worker(rank: int, world: int, out: Path) -> None:
-    """With `GRPOTrainer.save_checkpoint` / `load_checkpoint` (grpo/checkpoint.py): every rank
+    """With `GRPOTrainer.save_checkpoint` / `load_checkpoint` (grpo/state/checkpoint.py): every rank
     saves after 3 steps into ``ckpt2`` and goes on to STEPS; then a fresh trainer resumes from
     ``ckpt1``, saved by one process after 3 steps. Writes ``ckpt-rank{r}.pt``."""
-    from grpo.distributed import barrier
+    from grpo.engine.distributed import barrier
 
     rows = slice(rank * LOCAL_B, (rank + 1) * LOCAL_B)
     d = data(CHECKPOINT_SCENARIO, world)

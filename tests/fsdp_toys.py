@@ -4,7 +4,7 @@ A hand-written update loop drives a backend directly (the trainer is not involve
 step, the loss normaliser ``C`` (the number of valid rows of the whole global batch) is made
 global with ``backend.global_sum``, then each micro-batch's loss is this process's share of the
 global mean, ``sum_{i in rank r} mask_i * l_i / C``. The same loop runs on one process with
-`grpo.backends.LocalBackend` over the whole global batch; the two must agree.
+`grpo.engine.backends.LocalBackend` over the whole global batch; the two must agree.
 
 Scenarios (`KINDS`):
 
@@ -15,7 +15,7 @@ Scenarios (`KINDS`):
 * ``lm``: a tiny Qwen2 causal LM from `grpo.llm.tiny` (tied input/output embeddings; each decoder
   layer one unit), scored through the root's forward;
 * ``lm_chunked``: the same LM scored as `grpo.llm.CausalLMPolicy`'s chunked path does (backbone
-  ``model.model(...)``, then ``lm_head.weight`` directly) inside `grpo.fsdp_backend.run_as_forward`.
+  ``model.model(...)``, then ``lm_head.weight`` directly) inside `grpo.engine.fsdp.run_as_forward`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from grpo.backends import LocalBackend
-from grpo.optim import default_optimizer
+from grpo.engine.backends import LocalBackend
+from grpo.engine.optim import default_optimizer
 
 WORLD = 2
 STEPS = 5
@@ -101,7 +101,7 @@ def lm_loss(module: nn.Module, d: dict[str, Tensor], s: int, k: int, rows: slice
 
 def lm_chunked_loss(module: nn.Module, d: dict[str, Tensor], s: int, k: int, rows: slice) -> Tensor:
     """`lm_loss` from the backbone's hidden states and the LM head's weight (no root forward)."""
-    from grpo.fsdp_backend import run_as_forward
+    from grpo.engine.fsdp import run_as_forward
 
     ids = d["ids"][s, rows]
     lm: Any = module
@@ -210,7 +210,7 @@ def reference(kind: str, lm: nn.Module | None = None) -> dict[str, Any]:
 
 # ---- the 2 processes ------------------------------------------------------------------------------
 def _sharded(model: nn.Module, sync: Any) -> tuple[nn.Module, Any]:
-    from grpo.fsdp_backend import FSDPBackend, shard_policy
+    from grpo.engine.fsdp import FSDPBackend, shard_policy
 
     module = shard_policy(model, torch.device("cpu"))
     params = [p for p in module.parameters() if p.requires_grad]
@@ -244,10 +244,10 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
 def fsdp_worker(rank: int, world: int, out: Path) -> None:
     """Every scenario of KINDS for STEPS optimizer steps on this rank's rows; after the MLP's, a
     rollback, a non-finite step and state round trips. Writes ``fsdp-rank{r}.pt``."""
-    from grpo.distributed import DistributedSync, init_from_env
-    from grpo.fsdp_backend import is_fsdp_sharded
+    from grpo.engine.distributed import DistributedSync, init_from_env
+    from grpo.engine.fsdp import is_fsdp_sharded
     from grpo.metrics import StepCounts
-    from grpo.rollback import UpdateSnapshot
+    from grpo.update.rollback import UpdateSnapshot
 
     # before the process group exists: under torch.distributed, transformers' save_pretrained
     # writes on rank 0 only, and build_tiny_model loads back what it saved
@@ -372,7 +372,7 @@ LM_STEPS = 3
 class ShardedPlan:
     """One process's update plan drawing the mini-batches as W processes do.
 
-    Each rank shuffles its own b = B / W groups (`grpo.update_plan.UpdatePlan`: one
+    Each rank shuffles its own b = B / W groups (`grpo.update.plan.UpdatePlan`: one
     ``randperm(b)`` per epoch from the trainer's generator, the same draw on every rank: one seed)
     and takes MINI of them per optimizer step; the data-parallel optimizer step is the union of
     the ranks' mini-batches. This plan makes one process on the whole batch take exactly those
@@ -388,7 +388,7 @@ class ShardedPlan:
         return getattr(self.plan, name)
 
     def optimizer_steps(self, num_groups: int, group_size: int | None, group_ids: Tensor) -> Any:
-        from grpo.update_plan import MicroBatch, OptimizerStep, _rows_of
+        from grpo.update.plan import MicroBatch, OptimizerStep, _rows_of
 
         plan = self.plan
         local, mb = num_groups // self.world, plan.mini_batch_size // self.world
@@ -482,8 +482,8 @@ def trainer_worker(rank: int, world: int, out: Path) -> None:
     (the bandit saving a checkpoint after CKPT_AT steps), resumes from that checkpoint and from the
     one-process checkpoint ``out/ckpt-one``, then the LLM scenario and ``save_pretrained``.
     Writes ``trainer-rank{r}.pt``."""
-    from grpo.distributed import barrier
-    from grpo.fsdp_backend import is_fsdp_sharded
+    from grpo.engine.distributed import barrier
+    from grpo.engine.fsdp import is_fsdp_sharded
     from tests.distributed_toys import LOCAL_B, run_steps
 
     rows = slice(rank * LOCAL_B, (rank + 1) * LOCAL_B)

@@ -56,7 +56,7 @@ def deepspeed_cli_worker(rank: int, world: int, out: Path) -> None:
         cli_worker(rank, world, out)
     finally:
         cli.GRPOTrainer = original  # type: ignore[misc]
-    from grpo.deepspeed_engine import is_partitioned
+    from grpo.engine.deepspeed import is_partitioned
 
     trainer = built[0]
     reference = trainer._reference_module()  # None for LoRA (the adapter disabled)

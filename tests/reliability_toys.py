@@ -86,7 +86,7 @@ def resume(ckpt_dir: str) -> GRPOTrainer:
 
 def run(ckpt_dir: str, steps: int, save_every: int | None, do_resume: bool) -> None:
     torch.set_num_threads(1)
-    from grpo.checkpoint import find_latest_checkpoint
+    from grpo.state.checkpoint import find_latest_checkpoint
 
     if do_resume and find_latest_checkpoint(ckpt_dir) is not None:
         trainer = resume(ckpt_dir)

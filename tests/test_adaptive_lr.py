@@ -1,4 +1,4 @@
-"""Adaptive learning rate (GRPOConfig.adaptive_lr_kl, grpo.adaptive_lr): the rule against the
+"""Adaptive learning rate (GRPOConfig.adaptive_lr_kl, grpo.update.adaptive_lr): the rule against the
 documented formula, step by step inside real updates; bounds; one setting for two
 parameterisations; checkpoints and the guard's rollback; config errors."""
 
@@ -14,9 +14,9 @@ import torch
 from torch import Tensor, nn
 
 from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
-from grpo.adaptive_lr import adapted_lr
-from grpo.lr_schedules import build_scheduler
-from grpo.state_checks import scheduler_problem
+from grpo.engine.lr_schedules import build_scheduler
+from grpo.state.checks import scheduler_problem
+from grpo.update.adaptive_lr import adapted_lr
 from tests.loop_toys import bandit_states, correct_arm
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -10,11 +10,17 @@ import pytest
 import torch
 
 from grpo.advantage_estimator import AdvantageEstimator
-from grpo.advantages import ADVANTAGE_BASELINES, ADVANTAGE_SCALES, RunningMeanStd, normalise_scores, whiten
+from grpo.algorithms.advantages import (
+    ADVANTAGE_BASELINES,
+    ADVANTAGE_SCALES,
+    RunningMeanStd,
+    normalise_scores,
+    whiten,
+)
 from grpo.config import GRPOConfig
 from grpo.policies import categorical_mlp
 from grpo.trainer import GRPOTrainer
-from grpo.update import global_normaliser
+from grpo.update.loop import global_normaliser
 
 D = torch.float64
 EPS = 1e-6
@@ -324,7 +330,7 @@ def test_dropped_rows_leave_the_normaliser():
 # ---- per-step credit -------------------------------------------------------------------------
 @pytest.mark.parametrize("gamma", [1.0, 0.9, 0.0])
 def test_discounted_returns_match_a_loop(gamma: float) -> None:
-    from grpo.advantages import discounted_returns
+    from grpo.algorithms.advantages import discounted_returns
 
     g = torch.Generator().manual_seed(0)
     r = torch.randn(5, 7, generator=g)
@@ -344,7 +350,7 @@ def test_discounted_returns_match_a_loop(gamma: float) -> None:
 
 @pytest.mark.parametrize("scale", [True, False])
 def test_per_step_group_advantages_match_a_loop_and_ignore_reward_shifts(scale: bool) -> None:
-    from grpo.advantages import per_step_group_advantages
+    from grpo.algorithms.advantages import per_step_group_advantages
 
     g = torch.Generator().manual_seed(1)
     n, t, k = 12, 6, 3

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from grpo.callbacks import EarlyStopping
-from grpo.training_loop import TrainState
+from grpo.training.callbacks import EarlyStopping
+from grpo.training.loop import TrainState
 from tests.loop_toys import bandit_states, make_trainer
 
 

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from grpo import GRPOConfig, GRPOTrainer
-from grpo.checkpoint import CheckpointError, find_latest_checkpoint, list_checkpoints
+from grpo.state.checkpoint import CheckpointError, find_latest_checkpoint, list_checkpoints
 from tests.reliability_toys import (
     PlainPolicy,
     StateDictPolicy,
@@ -281,7 +281,7 @@ def test_running_advantage_statistics_are_saved(tmp_path: Path) -> None:
 
 
 def test_the_earlier_save_checkpoint_trainer_root_form_still_works_with_a_deprecation(tmp_path: Path) -> None:
-    from grpo import checkpoint
+    from grpo.state import checkpoint
 
     t = make_trainer()
     train_step(t)

@@ -29,9 +29,9 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-import grpo.checkpoint as ckpt_mod
+import grpo.state.checkpoint as ckpt_mod
 from grpo import GRPOConfig, GRPOTrainer
-from grpo.checkpoint import PATH_FIELDS, CheckpointError, find_latest_checkpoint
+from grpo.state.checkpoint import PATH_FIELDS, CheckpointError, find_latest_checkpoint
 from tests.reliability_toys import StateDictPolicy, bandit_reward, make_policy, make_trainer, train_step
 
 
@@ -362,11 +362,11 @@ class TestPathsInTheConfig:
         ds = tmp_path / "ds.json"
         ds.write_text('{"zero_optimization": {"stage": 2}}')
         edit_json(ckpt, lambda m: m["config"].__setitem__("deepspeed", str(ds)))
-        import grpo.engine_setup
+        import grpo.engine.setup
 
         asked: list[str] = []
-        real = grpo.engine_setup.deepspeed_config_from
-        monkeypatch.setattr(grpo.engine_setup, "deepspeed_config_from", lambda s: asked.append(s) or real(s))
+        real = grpo.engine.setup.deepspeed_config_from
+        monkeypatch.setattr(grpo.engine.setup, "deepspeed_config_from", lambda s: asked.append(s) or real(s))
         policy = make_policy(seed=3)
         w = [p.detach().clone() for p in policy.parameters()]
         rng = torch.get_rng_state()

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from grpo import CombinedReward, GRPOConfig, GRPOTrainer, PolicyOutput, categorical_mlp
-from grpo.policy_losses import clip_loss
+from grpo.algorithms.policy_losses import clip_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

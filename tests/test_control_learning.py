@@ -16,8 +16,8 @@ pytest.importorskip("gymnasium")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import classic_control
 
-from grpo.exploration import EpisodeSpread
-from grpo.gym_episodes import EpisodeRewards, evaluate_episodes
+from grpo.gym.episodes import EpisodeRewards, evaluate_episodes
+from grpo.gym.exploration import EpisodeSpread
 
 EVAL = classic_control.EVAL_SEEDS[:5]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -57,7 +57,7 @@ def test_pendulum_improves_within_40k_env_steps() -> None:
 
 def test_the_tie_breaker_goes_to_the_last_real_step_with_its_weight() -> None:
     from grpo import categorical_mlp
-    from grpo.gym_episodes import EpisodePolicy
+    from grpo.gym.episodes import EpisodePolicy
 
     torch.manual_seed(0)
     policy = EpisodePolicy("Acrobot-v1", categorical_mlp(6, 3), max_steps=20)

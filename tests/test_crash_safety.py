@@ -24,7 +24,7 @@ from typing import IO
 
 import pytest
 
-from grpo.checkpoint import _manifest_problem, find_latest_checkpoint, list_checkpoints
+from grpo.state.checkpoint import _manifest_problem, find_latest_checkpoint, list_checkpoints
 from tests.reliability_toys import resume
 
 TOYS = Path(__file__).parent / "reliability_toys.py"

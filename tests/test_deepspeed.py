@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO-1/2 (`grpo.deepspeed_engine`): 2 CPU processes (gloo) with DeepSpeed against one
+"""DeepSpeed ZeRO-1/2 (`grpo.engine.deepspeed`): 2 CPU processes (gloo) with DeepSpeed against one
 process without it on the same global batch; config handling; `grpo-train` under the variables
 ``accelerate launch`` exports for a DeepSpeed config."""
 
@@ -17,7 +17,7 @@ import torch
 pytest.importorskip("deepspeed")
 
 from grpo import GRPOConfig
-from grpo.deepspeed_engine import (
+from grpo.engine.deepspeed import (
     deepspeed_config_from,
     is_partitioned,
     prepare_deepspeed_config,
@@ -103,7 +103,7 @@ def test_zero3_refuses_different_numbers_of_states_on_every_rank(tmp_path: Path)
         got = torch.load(tmp_path / f"uneven-rank{rank}.pt", weights_only=True)
         assert "different numbers of states this step (per rank: [4, 3])" in got["message"]
         assert "ZeRO-3" in got["message"]
-        assert "grpo.distributed.shard" in got["message"]
+        assert "grpo.engine.distributed.shard" in got["message"]
         assert got["unchanged"]
 
 
@@ -212,7 +212,7 @@ def test_a_policy_partitioned_by_an_earlier_trainer_cannot_be_copied_for_the_ref
 @pytest.mark.usefixtures("own_process_group")
 @pytest.mark.parametrize("kl", [0.0, 0.1])
 def test_close_frees_the_engines_before_the_interpreter_exits(tmp_path: Path, kl: float) -> None:
-    """`GRPOTrainer.close` (called by `grpo.distributed.shutdown`) leaves nothing of a ZeRO-3 run
+    """`GRPOTrainer.close` (called by `grpo.engine.distributed.shutdown`) leaves nothing of a ZeRO-3 run
     referenced from DeepSpeed's module globals: once the script drops the trainer and the policy,
     the engines (policy and partitioned reference) are freed, so no process group is left for
     interpreter finalisation to tear down (where gloo can abort the process); `shutdown` then
@@ -224,7 +224,7 @@ def test_close_frees_the_engines_before_the_interpreter_exits(tmp_path: Path, kl
     from deepspeed.utils import groups
 
     from grpo import GRPOTrainer, categorical_mlp
-    from grpo.distributed import shutdown
+    from grpo.engine.distributed import shutdown
 
     cfg = tmp_path / "zero3.json"
     cfg.write_text(json.dumps(ZERO_CONFIGS["zero3"]))
@@ -243,7 +243,9 @@ def test_close_frees_the_engines_before_the_interpreter_exits(tmp_path: Path, kl
     assert groups._WORLD_GROUP is None
     assert not torch.distributed.is_initialized()
     trainer.close()  # twice: a no-op
-    with pytest.raises(RuntimeError, match=r"this trainer was closed \(close / grpo.distributed.shutdown\)"):
+    with pytest.raises(
+        RuntimeError, match=r"this trainer was closed \(close / grpo.engine.distributed.shutdown\)"
+    ):
         trainer.step(torch.randn(2, 4))
     del trainer, policy  # the script's own references (ZeRO-3 parameters reference the engine)
     gc.collect()
@@ -252,7 +254,7 @@ def test_close_frees_the_engines_before_the_interpreter_exits(tmp_path: Path, kl
 
 @pytest.mark.parametrize("zero3", [False, True])
 def test_shutdown_leaves_no_gloo_thread_for_interpreter_exit(tmp_path: Path, zero3: bool) -> None:
-    """2 processes: after `grpo.distributed.shutdown(trainer)` and the script's last references,
+    """2 processes: after `grpo.engine.distributed.shutdown(trainer)` and the script's last references,
     every gloo thread is gone (the process group was freed while Python still ran). Before, a
     DeepSpeed import or an optimizer built after the group (torch._dynamo) kept it alive, and
     gloo aborted ~1 in 3 runs of the ZeRO-3 example at exit."""
@@ -272,7 +274,7 @@ def test_shutdown_leaves_no_gloo_thread_for_interpreter_exit(tmp_path: Path, zer
 def test_the_head_run_as_forward_leaves_the_modules_own_forward_in_place() -> None:
     """The ZeRO-3 head call replaces the module's forward for one call only, restoring an
     instance-level forward another library installed (accelerate's hooks do that)."""
-    from grpo.fsdp_backend import run_as_forward
+    from grpo.engine.fsdp import run_as_forward
 
     def double(h: torch.Tensor) -> tuple[torch.Tensor, None]:
         return h * 2, None
@@ -315,7 +317,7 @@ def test_auto_bucket_sizes_follow_the_hidden_size_as_accelerate_sets_them() -> N
     rule), DeepSpeed's defaults when H is unknown (no Hugging Face config)."""
     from types import SimpleNamespace
 
-    from grpo.deepspeed_engine import model_hidden_size
+    from grpo.engine.deepspeed import model_hidden_size
 
     shipped = json.loads((ROOT / "examples/configs/deepspeed_zero3.json").read_text())
     cfg = prepare_deepspeed_config(shipped, max_grad_norm=1.0, world_size=2, hidden_size=64)

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
-from grpo.denormals import flush_denormals_on, flushing_denormals, restore_denormals
+from grpo.runtime.denormals import flush_denormals_on, flushing_denormals, restore_denormals
 
 if not torch.set_flush_denormal(False):  # True when the CPU supports the setting  # pragma: no cover
     pytest.skip("this CPU cannot flush subnormal floats", allow_module_level=True)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from grpo import GRPOConfig
-from grpo.distributed import get_rank, get_world_size, init_from_env, is_main_process, shard
+from grpo.engine.distributed import get_rank, get_world_size, init_from_env, is_main_process, shard
 from tests.distributed_toys import (
     LOCAL_B,
     SCENARIOS,

@@ -37,16 +37,16 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     api = (site / "api" / "index.html").read_text(encoding="utf-8")
     for name in (
         "grpo.trainer.GRPOTrainer.train",
-        "grpo.training_loop.evaluate",
-        "grpo.callbacks.EarlyStopping",
-        "grpo.metric_sinks.JSONLSink",
-        "grpo.lr_schedules.LRSchedule",
-        "grpo.plotting.plot_history",
-        "grpo.optim.default_optimizer",
+        "grpo.training.loop.evaluate",
+        "grpo.training.callbacks.EarlyStopping",
+        "grpo.metrics.sinks.JSONLSink",
+        "grpo.engine.lr_schedules.LRSchedule",
+        "grpo.metrics.plotting.plot_history",
+        "grpo.engine.optim.default_optimizer",
         "grpo.grpo_objective.ObjectiveOutput",
-        "grpo.policy_losses.cispo_loss",
-        "grpo.checkpoint",
-        "grpo.distributed.DistributedSync",
+        "grpo.algorithms.policy_losses.cispo_loss",
+        "grpo.state.checkpoint",
+        "grpo.engine.distributed.DistributedSync",
     ):
         assert f'id="{name}"' in api, name
     assert "reward/frac_zero_std" in (site / "metrics" / "index.html").read_text(encoding="utf-8")

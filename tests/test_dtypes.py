@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from grpo import DistributionPolicy, ExperienceBatch, GRPOConfig, GRPOTrainer, categorical_mlp, gaussian_mlp
-from grpo.optim import clip_grad_norm
+from grpo.engine.optim import clip_grad_norm
 from grpo.policies import CategoricalMLP, GaussianMLP
 
 pytestmark = pytest.mark.usefixtures("one_thread")

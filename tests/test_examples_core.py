@@ -101,7 +101,7 @@ def test_llm_example_run_without_the_llm_extra_names_it() -> None:
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert out.returncode != 0
-    assert "pip install -e '.[llm]'" in out.stderr  # this is a checkout (grpo.extras)
+    assert "pip install -e '.[llm]'" in out.stderr  # this is a checkout (grpo.runtime.extras)
 
 
 # All the --help texts in one interpreter (one torch import): each script runs as `python SCRIPT

@@ -1,6 +1,6 @@
-"""PyTorch FSDP2 (`grpo.fsdp_backend`) on 2 CPU processes (gloo) against one process.
+"""PyTorch FSDP2 (`grpo.engine.fsdp`) on 2 CPU processes (gloo) against one process.
 
-One module-scoped fixture runs the one-process references (`grpo.backends.LocalBackend` on the
+One module-scoped fixture runs the one-process references (`grpo.engine.backends.LocalBackend` on the
 whole global batch) and spawns the 2 workers once (`tests.fsdp_toys.fsdp_worker`); the tests
 read the results.
 
@@ -24,7 +24,7 @@ ranks do, `tests.fsdp_toys.ShardedPlan`). Scenarios: ``bandit`` (categorical_mlp
 user nn.Module, masked T-token actions) with 2 epochs x 2 mini-batches x 2 micro-batches per rank,
 the KL term (frozen whole reference copy) and every step clipped, 5 steps; ``lm``, the tiny Qwen2
 through `grpo.llm.CausalLMPolicy` (generation with ``synced_gpus``, chunked log-probs inside
-`grpo.fsdp_backend.run_as_forward`), KL and clipping, 3 steps, the completions seeded per prompt.
+`grpo.engine.fsdp.run_as_forward`), KL and clipping, 3 steps, the completions seeded per prompt.
 Rewards are equal (the same samples) and the gradient norm before clipping within 1e-5 relative
 at every step (measured <= 5e-6). The weights after the steps are compared within `TRAINER_ATOL`:
 1e-5 (bandit, measured 1.8e-7), 5e-5 (lm, measured 4.8e-6: 5 of 20,480 entries above 1e-6, the
@@ -49,9 +49,9 @@ import pytest
 import torch
 from torch import Tensor
 
-from grpo.backends import LocalBackend
-from grpo.fsdp_backend import default_units, shard_policy
-from grpo.optim import default_optimizer
+from grpo.engine.backends import LocalBackend
+from grpo.engine.fsdp import default_units, shard_policy
+from grpo.engine.optim import default_optimizer
 from tests.distributed_toys import launch, params, run_steps
 from tests.fsdp_toys import (
     CKPT_AT,

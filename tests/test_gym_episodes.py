@@ -14,7 +14,7 @@ import torch
 gym = pytest.importorskip("gymnasium")
 
 from grpo import GRPOConfig, GRPOTrainer, PolicyOutput, categorical_mlp, gaussian_mlp  # noqa: E402
-from grpo.gym_episodes import (  # noqa: E402
+from grpo.gym.episodes import (  # noqa: E402
     Episode,
     EpisodePolicy,
     EpisodeReturn,
@@ -168,7 +168,7 @@ def test_bad_states_and_policy_are_explained() -> None:
         policy.generate_actions(torch.zeros(2), 2)
     with pytest.raises(TypeError, match=r"needs a torch.nn.Module.*got str"):
         EpisodePolicy("CartPole-v1", "not a net")  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=r"expects grpo.gym_episodes.Episode actions"):
+    with pytest.raises(TypeError, match=r"expects grpo.gym.episodes.Episode actions"):
         policy.get_log_probabilities([0], [torch.zeros(3)])  # type: ignore[list-item]
 
 
@@ -231,7 +231,7 @@ def test_pendulum_step_with_gaussian_policy() -> None:
 
 
 def test_import_grpo_does_not_import_gymnasium() -> None:
-    code = "import sys, grpo, grpo.gym_episodes; assert 'gymnasium' not in sys.modules, 'imported'"
+    code = "import sys, grpo, grpo.gym.episodes; assert 'gymnasium' not in sys.modules, 'imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -18,8 +18,8 @@ import torch
 gym = pytest.importorskip("gymnasium")
 
 from grpo import GRPOConfig, GRPOTrainer, categorical_mlp, gaussian_mlp  # noqa: E402
-from grpo.gym_episodes import EpisodePolicy, EpisodeReturn, evaluate_episodes  # noqa: E402
-from grpo.gym_resets import (  # noqa: E402
+from grpo.gym.episodes import EpisodePolicy, EpisodeReturn, evaluate_episodes  # noqa: E402
+from grpo.gym.resets import (  # noqa: E402
     NearestStartPolicy,
     Snapshot,
     SnapshotError,
@@ -331,7 +331,7 @@ def test_errors_name_the_problem(tmp_path: Path) -> None:
         store[-1]
     with pytest.raises(TypeError, match=r"not a factory"):
         SnapshotReset(lambda: gym.make("CartPole-v1"), store)
-    with pytest.raises(TypeError, match=r"needs a grpo.gym_resets.SnapshotStore; got list"):
+    with pytest.raises(TypeError, match=r"needs a grpo.gym.resets.SnapshotStore; got list"):
         SnapshotReset(gym.make("CartPole-v1"), [])  # type: ignore[arg-type]
     # an env that cannot be snapshotted
     bad = Unpicklable()
@@ -357,7 +357,7 @@ def test_errors_name_the_problem(tmp_path: Path) -> None:
     walk.reset(seed=0)
     with pytest.raises(ValueError, match=r"same wrapper chain"):
         restore(gym.wrappers.TimeLimit(RandomWalk(), 10), snapshot(walk))
-    with pytest.raises(TypeError, match=r"expects a grpo.gym_resets.Snapshot; got dict"):
+    with pytest.raises(TypeError, match=r"expects a grpo.gym.resets.Snapshot; got dict"):
         restore(gym.make("CartPole-v1"), {})  # type: ignore[arg-type]
     with pytest.raises(SnapshotError, match=r"cannot be pickled"):
         SnapshotStore(tmp_path).add(
@@ -366,7 +366,7 @@ def test_errors_name_the_problem(tmp_path: Path) -> None:
 
 
 def test_import_does_not_import_gymnasium() -> None:
-    code = "import sys, grpo.gym_resets; assert 'gymnasium' not in sys.modules, 'imported'"
+    code = "import sys, grpo.gym.resets; assert 'gymnasium' not in sys.modules, 'imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

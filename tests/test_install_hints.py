@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo import extras
+from grpo.runtime import extras
 
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 

@@ -128,7 +128,7 @@ def test_learning_benchmark_prints_tables_and_summary(
 
 
 def test_learning_benchmark_preset_changes_reach_every_grpo_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    from grpo.recipes import RECIPES
+    from grpo.algorithms.recipes import RECIPES
 
     learning = _load("benchmarks_learning", "learning")
     original = RECIPES["small_policy"]

@@ -202,7 +202,7 @@ def test_two_processes_shard_the_prompts_and_rank_0_writes(setup: Path, tmp_path
 
 
 class FakeWandb:
-    """Stands in for `grpo.metric_sinks.WandbSink` in `grpo.llm.cli` (no W&B run is started)."""
+    """Stands in for `grpo.metrics.sinks.WandbSink` in `grpo.llm.cli` (no W&B run is started)."""
 
     made: ClassVar[list[FakeWandb]] = []
 

@@ -302,7 +302,7 @@ def test_import_grpo_does_not_import_transformers_and_llm_names_the_extra() -> N
         "try:\n    import grpo.llm\nexcept ImportError as e:\n    print(e)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "pip install -e '.[llm]'" in out.stdout  # this is a checkout (grpo.extras)
+    assert "pip install -e '.[llm]'" in out.stdout  # this is a checkout (grpo.runtime.extras)
 
 
 def test_qwen2_architecture_with_a_vocabulary_larger_than_the_tokenizer(tmp_path: Path) -> None:

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from grpo import GRPOConfig
-from grpo.lr_schedules import LRSchedule, build_scheduler
+from grpo.engine.lr_schedules import LRSchedule, build_scheduler
 from tests.loop_toys import bandit_states, make_trainer
 
 
 def expected_lr(base: float, s: int, name: str, w: int, total: int | None, r: float) -> float:
-    """Written independently of grpo.lr_schedules, straight from the documented formulas."""
+    """Written independently of grpo.engine.lr_schedules, straight from the documented formulas."""
     if s < w:
         return base * (s + 1) / (w + 1)
     if name == "constant":
@@ -115,7 +115,7 @@ def test_scheduler_state_dict_round_trip() -> None:
         "warmup_steps": 2,
         "total_steps": 9,
         "lr_min_ratio": 0.05,
-        "scale": 1.0,  # grpo.adaptive_lr's factor
+        "scale": 1.0,  # grpo.update.adaptive_lr's factor
     }
     w2 = torch.zeros(1, requires_grad=True)
     opt2 = torch.optim.SGD([w2], lr=1.0)

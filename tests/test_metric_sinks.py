@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from grpo.metric_sinks import (
+from grpo.metrics.sinks import (
     CSVSink,
     JSONLSink,
     LoggingSink,

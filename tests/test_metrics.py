@@ -96,7 +96,7 @@ def test_docs_metrics_md_is_generated_from_the_declarations() -> None:
 
 
 def test_the_earlier_distributed_sync_reduce_metrics_warns_and_reduces_by_declaration() -> None:
-    from grpo.distributed import DistributedSync
+    from grpo.engine.distributed import DistributedSync
 
     sync = DistributedSync.__new__(DistributedSync)  # no process group: all_gather is replaced
     rows = [{"reward/mean": 1.0, "loss/total": 0.25}, {"reward/mean": 3.0, "loss/total": 0.5}]

@@ -9,10 +9,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo.aggregation import AGGREGATIONS, aggregate, aggregation_normaliser
+from grpo.algorithms.aggregation import AGGREGATIONS, aggregate, aggregation_normaliser
+from grpo.algorithms.kl import kl_estimate, kl_return_to_go
+from grpo.algorithms.policy_losses import cispo_loss, clip_loss, gspo_loss, reinforce_loss, sapo_loss
 from grpo.grpo_objective import GRPOObjective
-from grpo.kl import kl_estimate, kl_return_to_go
-from grpo.policy_losses import cispo_loss, clip_loss, gspo_loss, reinforce_loss, sapo_loss
 
 D = torch.float64
 C_NORM = 7.0

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from grpo.optim import clip_coefficient, clip_grad_norm, default_optimizer
+from grpo.engine.optim import clip_coefficient, clip_grad_norm, default_optimizer
 
 
 def _grads(seed: int, scale: float) -> list[nn.Parameter]:

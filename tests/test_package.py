@@ -4,9 +4,12 @@ modules of grpo import each other without a cycle."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import grpo
 
@@ -150,10 +153,10 @@ async def lazy_too():
     assert edges == {f"grpo.{x}" for x in "abcdghi"} | {"grpo", "grpo.e.f"}
 
     graph = import_graph()
-    assert "grpo.metric_sinks" in graph["grpo.training_loop"]  # module level
-    assert "grpo.config" in graph["grpo.callbacks"]  # under TYPE_CHECKING
-    assert "grpo.training_loop" not in graph["grpo.callbacks"]
-    assert "grpo.checkpoint" in graph["grpo"]  # `from grpo.checkpoint import ...` in __init__
+    assert "grpo.metrics.sinks" in graph["grpo.training.loop"]  # module level
+    assert "grpo.config" in graph["grpo.training.callbacks"]  # under TYPE_CHECKING
+    assert "grpo.training.loop" not in graph["grpo.training.callbacks"]
+    assert "grpo.state.checkpoint" in graph["grpo"]  # `from grpo.state.checkpoint import ...` in __init__
 
 
 def test_no_import_cycle() -> None:
@@ -162,3 +165,30 @@ def test_no_import_cycle() -> None:
     graph = import_graph()
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_old_module_paths_are_the_new_modules_with_a_deprecation_warning() -> None:
+    """grpo 0.1's flat module paths (grpo/runtime/moved_modules.py) import for one release: the same
+    module object as the new path, with a DeprecationWarning naming both paths."""
+    import importlib
+    import sys
+
+    from grpo.runtime.moved_modules import MOVED_MODULES
+
+    assert len(MOVED_MODULES) == 34
+    for old, new in MOVED_MODULES.items():
+        sys.modules.pop(old, None)
+        with pytest.warns(
+            DeprecationWarning, match=rf"^{re.escape(old)} moved to {re.escape(new)} in grpo 0\.2"
+        ):
+            module = importlib.import_module(old)
+        assert module is importlib.import_module(new)
+        sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=r"grpo\.update\.run_update moved to grpo\.update\.loop"):
+        from grpo.update import run_update
+    from grpo.update.loop import run_update as new_run_update
+
+    assert run_update is new_run_update
+    with pytest.raises(ImportError):
+        from grpo.update import no_such_name  # noqa: F401
+    assert importlib.util.find_spec("grpo.not_a_moved_module") is None

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from grpo import GRPOConfig, GRPOTrainer, PolicyOutput
-from grpo.advantages import normalise_step_scores
+from grpo.algorithms.advantages import normalise_step_scores
 
 # ---- plain-loop references -------------------------------------------------------------------
 
@@ -78,7 +78,7 @@ def random_case(seed: int, n_groups: int = 3, g: int = 4, t_max: int = 7):
 def test_step_advantages_equal_a_plain_loop(seed: int, gamma: float, baseline: str, scale: str) -> None:
     rewards, lengths, groups, k = random_case(seed)
     mask = torch.tensor([[t < n for t in range(len(rewards[0]))] for n in lengths])
-    from grpo.advantages import discounted_returns
+    from grpo.algorithms.advantages import discounted_returns
 
     rtg = discounted_returns(torch.tensor(rewards, dtype=torch.float64), mask, gamma)
     want_rtg = loop_returns(rewards, lengths, gamma)
@@ -175,7 +175,7 @@ def test_step_advantages_ignore_a_positive_scale_and_a_shift_of_equal_length_epi
     r = torch.tensor(rewards, dtype=torch.float64)
     mask = torch.ones_like(r, dtype=torch.bool)
     ids = torch.arange(len(rewards)) // (len(rewards) // k)
-    from grpo.advantages import discounted_returns
+    from grpo.algorithms.advantages import discounted_returns
 
     base = normalise_step_scores(discounted_returns(r, mask, 0.95), mask, ids, k, eps=1e-12)
     moved = normalise_step_scores(discounted_returns(2.5 * r - 7.0, mask, 0.95), mask, ids, k, eps=1e-12)
@@ -219,7 +219,7 @@ def test_gamma_is_validated() -> None:
 def test_episode_rewards_are_the_masked_per_step_rewards_of_cartpole() -> None:
     pytest.importorskip("gymnasium")
     from grpo import categorical_mlp
-    from grpo.gym_episodes import EpisodePolicy, EpisodeRewards
+    from grpo.gym.episodes import EpisodePolicy, EpisodeRewards
 
     torch.manual_seed(0)
     policy = EpisodePolicy("CartPole-v1", categorical_mlp(4, 2))

@@ -1,4 +1,4 @@
-"""grpo.plotting: the standard figure from a history or a JSONL file, saved as a valid PNG."""
+"""grpo.metrics.plotting: the standard figure from a history or a JSONL file, saved as a valid PNG."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from grpo.metric_sinks import JSONLSink
+from grpo.metrics.sinks import JSONLSink
 from tests.loop_toys import bandit_states, make_trainer
 
 pytest.importorskip("matplotlib")
-from grpo.plotting import plot_history
+from grpo.metrics.plotting import plot_history
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

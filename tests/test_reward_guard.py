@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from grpo import CombinedReward, GRPOConfig, GRPOTrainer, categorical_mlp
-from grpo.reward_guard import RewardError, RewardTimeoutError, call_reward
+from grpo.rollout.reward_guard import RewardError, RewardTimeoutError, call_reward
 
 
 class Words:

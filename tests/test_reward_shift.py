@@ -1,4 +1,4 @@
-"""Restart on a reward shift (GRPOConfig.reward_shift_z, grpo.reward_shift): the statistics and
+"""Restart on a reward shift (GRPOConfig.reward_shift_z, grpo.training.reward_shift): the statistics and
 the decision against the module docstring's formulas written again here; the incumbent's
 advantages against a plain loop; what a restart and its probation do; no restart while the policy
 moves or when rewards rise; checkpoints; bad states; config errors; trainers on a bandit whose
@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from grpo import DistributionPolicy, GRPOConfig, GRPOTrainer
-from grpo.reward_shift import (
+from grpo.training.reward_shift import (
     PROBATION_STEPS,
     RewardShiftRestart,
     incumbent_advantages,

@@ -324,7 +324,8 @@ def test_weights_made_non_finite_by_a_single_optimizer_step_raise_whatever_the_p
         FloatingPointError,
         match=r"^step 1: the optimizer step made weights NaN/inf \(1 of 4 weight tensors: "
         r"net\.net\.0\.weight\) although the loss and the gradient norm \(.*\) were finite\. With one "
-        r"optimizer step per trainer step no copy of the weights is kept \(grpo/rollback\.py\), so this "
+        r"optimizer step per trainer step no copy of the weights is kept \(grpo/update/rollback\.py\), so "
+        r"this "
         r"cannot be undone and training cannot go on; resume from the last checkpoint \(1 non-finite "
         r"step\(s\) so far\)\. Lower the learning rate",
     ):
@@ -334,7 +335,7 @@ def test_weights_made_non_finite_by_a_single_optimizer_step_raise_whatever_the_p
 
 def test_the_weight_check_has_no_false_positives() -> None:
     """Huge finite weights overflow the fused float32 norm; the exact check then clears them."""
-    from grpo.guard import weights_finite
+    from grpo.update.guard import weights_finite
 
     w = torch.nn.Parameter(torch.tensor([1e30, -3e38, 1.0]))
     b = torch.nn.Parameter(torch.ones(2, dtype=torch.float16))
@@ -353,9 +354,9 @@ def test_the_weight_check_has_no_false_positives() -> None:
 def test_a_non_finite_lr_is_caught_by_the_weight_check_too(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without the hyper-parameter check (e.g. an lr tensor on a GPU, which is not read), the step
     with lr=inf runs, makes every weight NaN/inf, and the guard undoes the update bitwise."""
-    import grpo.guard
+    import grpo.update.guard
 
-    monkeypatch.setattr(grpo.guard, "_bad_hyperparameter", lambda optimizer: None)
+    monkeypatch.setattr(grpo.update.guard, "_bad_hyperparameter", lambda optimizer: None)
     trainer, opt = _user_optimizer_trainer(MULTI)
     opt.param_groups[0]["lr"] = math.inf
     before = _snapshot(trainer)

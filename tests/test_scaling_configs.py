@@ -32,6 +32,6 @@ def test_accelerate_config_parses_and_points_at_its_deepspeed_json(
     assert ds["zero_optimization"]["stage"] == zero_stage
     # off: nothing builds the model under zero.Init; the trainer partitions it when it starts
     assert cfg["deepspeed_config"]["zero3_init_flag"] is False
-    # batch sizes, accumulation and clipping are filled in by the trainer (grpo.deepspeed_engine)
+    # batch sizes, accumulation and clipping are filled in by the trainer (grpo.engine.deepspeed)
     assert ds["train_micro_batch_size_per_gpu"] == "auto"
     assert ds["gradient_clipping"] == "auto"

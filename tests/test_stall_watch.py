@@ -1,5 +1,5 @@
-"""No silent stalls: `grpo.stall_watch` warns with the numbers, `optim/update_ratio` is the real
-size of the update, and `grpo.exploration`'s bonus makes an all-fail task learn."""
+"""No silent stalls: `grpo.training.stall_watch` warns with the numbers, `optim/update_ratio` is the real
+size of the update, and `grpo.gym.exploration`'s bonus makes an all-fail task learn."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import torch
 from torch import Tensor
 
 from grpo import CombinedReward, GRPOConfig, GRPOTrainer, StallWarning, StallWatch, categorical_mlp
-from grpo.lr_schedules import schedule_length_problem
-from grpo.stall_watch import CONVERGED_ENTROPY, STALL_STEPS
-from grpo.training_loop import train
+from grpo.engine.lr_schedules import schedule_length_problem
+from grpo.training.loop import train
+from grpo.training.stall_watch import CONVERGED_ENTROPY, STALL_STEPS
 from tests.conftest import ContextualBandit, bandit_policy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -96,7 +96,7 @@ def test_a_task_learned_to_perfection_is_solved_not_stalled(caplog: pytest.LogCa
     config = GRPOConfig(group_size=4, batch_size=4, kl_coeff=0.0, learning_rate=0.3, seed=0)
     trainer = GRPOTrainer(config, bandit_policy(3), lambda s, a: (a == 0).float())
     history, solved_at = [], []
-    with caplog.at_level(logging.INFO, logger="grpo.stall_watch"):
+    with caplog.at_level(logging.INFO, logger="grpo.training.stall_watch"):
         for i in range(1, 61):
             caplog.clear()
             with warnings.catch_warnings():
@@ -170,7 +170,7 @@ def test_a_converged_bandit_runs_long_without_a_warning(caplog: pytest.LogCaptur
     policy = bandit_policy(10)
     means = [0.2, 0.3, 0.85, 0.4, 0.1, 0.5, 0.3, 0.2, 0.45, 0.35]
     trainer = GRPOTrainer(config, policy, bernoulli_arms(means))
-    with caplog.at_level(logging.INFO, logger="grpo.stall_watch"):
+    with caplog.at_level(logging.INFO, logger="grpo.training.stall_watch"):
         history, warned = _steps(trainer, lambda: torch.zeros(1, 1), 400)
     assert warned == {}
     run = longest = 0
@@ -340,8 +340,8 @@ def test_a_vanishing_update_warns_after_k_steps_with_the_ratio_and_the_learning_
 # ---- the remedy --------------------------------------------------------------------------------
 gym = pytest.importorskip("gymnasium")
 
-from grpo.exploration import EpisodeSpread  # noqa: E402
-from grpo.gym_episodes import EpisodePolicy, EpisodeReturn, EpisodeRewards, evaluate_episodes  # noqa: E402
+from grpo.gym.episodes import EpisodePolicy, EpisodeReturn, EpisodeRewards, evaluate_episodes  # noqa: E402
+from grpo.gym.exploration import EpisodeSpread  # noqa: E402
 
 
 class Corridor(gym.Env):  # type: ignore[misc]

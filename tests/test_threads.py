@@ -1,4 +1,4 @@
-"""The trainer's intra-op thread policy (GRPOConfig.num_threads, grpo/threads.py): applied inside
+"""The trainer's intra-op thread policy (GRPOConfig.num_threads, grpo/runtime/threads.py): applied inside
 step / train_on_batch / update / evaluate, restored after, and only for small CPU policies."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 from torch import Tensor
 
 from grpo import GRPOConfig, GRPOTrainer, threads
-from grpo.reward_guard import RewardError
-from grpo.threads import SMALL_POLICY_ELEMENTS, intra_op_threads, policy_elements, resolve_num_threads
+from grpo.rollout.reward_guard import RewardError
+from grpo.runtime.threads import SMALL_POLICY_ELEMENTS, intra_op_threads, policy_elements, resolve_num_threads
 from tests.conftest import ContextualBandit, Counting, WordPolicy
 
 CPU = torch.device("cpu")

@@ -18,10 +18,10 @@ import torch
 from torch import Tensor
 
 from grpo import GRPOTrainer
-from grpo.callbacks import Callback
-from grpo.metric_sinks import JSONLSink, read_jsonl
-from grpo.reward_guard import RewardTimeoutError
-from grpo.training_loop import TrainState, iter_state_batches
+from grpo.metrics.sinks import JSONLSink, read_jsonl
+from grpo.rollout.reward_guard import RewardTimeoutError
+from grpo.training.callbacks import Callback
+from grpo.training.loop import TrainState, iter_state_batches
 from tests.loop_toys import bandit_states, combined_reward, correct_arm, make_trainer, params_of
 
 GLOSSARY = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
@@ -424,11 +424,11 @@ def test_summary_logged_once_with_derived_quantities(
     capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     trainer = make_trainer(mini_batch_size=2, num_epochs_per_update=2)
-    with caplog.at_level(logging.DEBUG, logger="grpo.training_loop"):
+    with caplog.at_level(logging.DEBUG, logger="grpo.training.loop"):
         trainer.train(bandit_states(4), num_steps=3, progress="log", log_every=100)
     assert capsys.readouterr().out == ""  # logged, not printed
     summaries = [
-        r for r in caplog.records if r.name == "grpo.training_loop" and "GRPOConfig(" in r.getMessage()
+        r for r in caplog.records if r.name == "grpo.training.loop" and "GRPOConfig(" in r.getMessage()
     ]
     assert len(summaries) == 1
     assert summaries[0].levelno == logging.DEBUG  # the one-line start is at INFO (grpo.progress)
@@ -443,7 +443,7 @@ def test_summary_logged_once_with_derived_quantities(
 def test_summary_logged_not_printed_when_silent(
     capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.DEBUG, logger="grpo.training_loop"):
+    with caplog.at_level(logging.DEBUG, logger="grpo.training.loop"):
         make_trainer().train(bandit_states(4), num_steps=1, progress=False)
     assert capsys.readouterr().out == ""
     assert any("GRPOConfig(" in r.getMessage() for r in caplog.records)

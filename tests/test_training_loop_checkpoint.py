@@ -1,4 +1,4 @@
-"""train() with checkpoints and resume (needs grpo.checkpoint; skipped until it exists)."""
+"""train() with checkpoints and resume (needs grpo.state.checkpoint; skipped until it exists)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, TensorDataset
 
-from grpo.callbacks import Callback
-from grpo.metric_sinks import CSVSink, JSONLSink, PeriodicSink, read_jsonl
-from grpo.training_loop import TrainState, iter_state_batches, resume_problem
+from grpo.metrics.sinks import CSVSink, JSONLSink, PeriodicSink, read_jsonl
+from grpo.training.callbacks import Callback
+from grpo.training.loop import TrainState, iter_state_batches, resume_problem
 from tests.loop_toys import bandit_states, correct_arm, make_trainer, params_of
 
-pytest.importorskip("grpo.checkpoint")
+pytest.importorskip("grpo.state.checkpoint")
 
 SCHEDULE = {"lr_schedule": "cosine", "warmup_steps": 2, "total_steps": 12, "kl_coeff": 0.05}
 

@@ -1,4 +1,4 @@
-"""grpo.update / grpo.update_plan: the update is invariant to micro-batching (the normaliser is
+"""grpo.update.loop / grpo.update.plan: the update is invariant to micro-batching (the normaliser is
 counted once per optimizer step), and groups collected elsewhere train through train_on_batch."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
-from grpo.aggregation import AGGREGATIONS
+from grpo.algorithms.aggregation import AGGREGATIONS
 from grpo.experience_collector import ExperienceBatch
 
 

@@ -19,7 +19,7 @@ See docs/llm.md.
 
 from __future__ import annotations
 
-from grpo.extras import install_hint as _install_hint
+from grpo.runtime.extras import install_hint as _install_hint
 
 try:
     import transformers  # noqa: F401

@@ -5,14 +5,14 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from grpo.extras import install_hint
+from grpo.runtime.extras import install_hint
 
 __all__ = ["require"]
 
 
 def require(module: str, extra: str = "llm") -> ModuleType:
     """Import ``module`` or raise ImportError naming the install command of ``extra``
-    (`grpo.extras.install_hint`)."""
+    (`grpo.runtime.extras.install_hint`)."""
     try:
         return importlib.import_module(module)
     except ImportError as e:

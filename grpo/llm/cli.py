@@ -9,9 +9,9 @@ Options follow seed 003 (``--model-name``, ``--batch-size``, ``--num-epochs``, `
 ``--logging-steps``, ``--save-steps``, ``--use-wandb``, ``--device``, ...). ``--config FILE`` reads
 the same options from YAML or JSON (keys with ``-`` or ``_``); options on the command line win.
 
-Training runs on `GRPOTrainer.train` (`grpo.training_loop`): what the command adds to each step's
+Training runs on `GRPOTrainer.train` (`grpo.training.loop`): what the command adds to each step's
 record (the reward functions' counters, ``completion/*``, ``throughput/tokens_per_s``, ``lr``) and
-its checkpoints are callbacks; its outputs are metric sinks (`grpo.metric_sinks`).
+its checkpoints are callbacks; its outputs are metric sinks (`grpo.metrics.sinks`).
 
 Writes ``<output-dir>/checkpoint-{step}/`` every ``--save-steps`` steps and
 ``<output-dir>/final_model/``: weights in safetensors plus the tokenizer, loadable with
@@ -38,9 +38,8 @@ from typing import Any
 
 import torch
 
-from grpo.callbacks import Callback, TrainState
 from grpo.config import GRPOConfig
-from grpo.distributed import get_world_size, is_main_process, main_process_only, rank_batches, shutdown
+from grpo.engine.distributed import get_world_size, is_main_process, main_process_only, rank_batches, shutdown
 from grpo.llm._deps import require
 from grpo.llm.data import PromptDataset
 from grpo.llm.policy import CausalLMPolicy
@@ -56,8 +55,9 @@ from grpo.llm.rewards import (
     overlong_penalty,
     tag_content,
 )
-from grpo.metric_sinks import JSONLSink, LoggingSink, PeriodicSink, WandbSink
+from grpo.metrics.sinks import JSONLSink, LoggingSink, PeriodicSink, WandbSink
 from grpo.trainer import GRPOTrainer
+from grpo.training.callbacks import Callback, TrainState
 
 __all__ = ["build_parser", "main", "parse_args", "train"]
 

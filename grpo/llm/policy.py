@@ -30,9 +30,9 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-from grpo.deepspeed_engine import gathered_state_dict, is_partitioned
-from grpo.distributed import get_world_size, is_main_process
-from grpo.fsdp_backend import full_state_dict, is_fsdp_sharded, run_as_forward
+from grpo.engine.deepspeed import gathered_state_dict, is_partitioned
+from grpo.engine.distributed import get_world_size, is_main_process
+from grpo.engine.fsdp import full_state_dict, is_fsdp_sharded, run_as_forward
 from grpo.llm._deps import require
 from grpo.llm.data import is_chat, prompt_text
 from grpo.llm.logprobs import chunked_token_logprobs
@@ -173,7 +173,7 @@ class CausalLMPolicy:
 
     def training_module(self) -> nn.Module:
         """The module holding the trainable parameters (the model, or the PEFT model), for engines
-        that wrap a module such as DeepSpeed (`grpo.deepspeed_engine`)."""
+        that wrap a module such as DeepSpeed (`grpo.engine.deepspeed`)."""
         module: nn.Module = self.model
         return module
 
@@ -486,8 +486,8 @@ class CausalLMPolicy:
         """Write the model (LoRA: the adapter) and tokenizer in safetensors / HF format.
 
         When the weights are partitioned (`is_partitioned`) every process must call it: they are
-        gathered (DeepSpeed ZeRO-3: one module at a time, `grpo.deepspeed_engine.gathered_state_dict`;
-        FSDP2: one parameter at a time, `grpo.fsdp_backend.full_state_dict`, to rank 0's CPU) and
+        gathered (DeepSpeed ZeRO-3: one module at a time, `grpo.engine.deepspeed.gathered_state_dict`;
+        FSDP2: one parameter at a time, `grpo.engine.fsdp.full_state_dict`, to rank 0's CPU) and
         rank 0 writes them; the other ranks write nothing.
         """
         if is_fsdp_sharded(self.model):

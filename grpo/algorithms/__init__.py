@@ -1,0 +1,10 @@
+"""The algorithm family: pure functions the objective and the advantages are made of.
+
+* `grpo.algorithms.policy_losses`: per-step policy losses (clip, DAPO's asymmetric clip, GSPO, CISPO, ...)
+* `grpo.algorithms.kl`: KL estimators (k1, k2, k3) and the KL-in-reward penalty
+* `grpo.algorithms.aggregation`: masked aggregation of per-step losses (token / sequence mean, ...)
+* `grpo.algorithms.advantages`: advantage variants (baselines, scales, per-step returns)
+* `grpo.algorithms.recipes`: named recipes of published settings (`GRPOConfig.recipe`)
+
+The front doors that compose them are `grpo.grpo_objective` and `grpo.advantage_estimator`.
+"""

@@ -1,0 +1,130 @@
+"""Named recipes for `GRPOConfig.recipe(name, **overrides)`: published defaults, with sources.
+
+Each recipe sets only what its paper states (or what defines the method); everything else keeps
+the `GRPOConfig` default, and any field can be overridden. ``print(config)`` shows every resolved
+value. Where a paper does not publish a value the recipe needs, the note says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+__all__ = ["RECIPES", "Recipe", "recipe_values"]
+
+
+class Recipe(NamedTuple):
+    citation: str
+    values: dict[str, Any]
+    notes: str = ""
+
+
+RECIPES: dict[str, Recipe] = {
+    "deepseek_math": Recipe(
+        "Shao et al. 2024, DeepSeekMath (arXiv:2402.03300), GRPO, Sec. 4.1-4.2",
+        {
+            "group_size": 64,  # "sample 64 outputs for each question"
+            "batch_size": 16,  # "training batch size is 1024" samples = 16 questions x 64
+            "learning_rate": 1e-6,
+            "kl_coeff": 0.04,
+            "kl_estimator": "k3",
+            "kl_penalty": "loss",
+            "num_epochs_per_update": 1,  # "a single update following each exploration stage"
+            "clip_epsilon": 0.2,
+            "advantage_baseline": "group",
+            "advantage_scale": "group",
+            "loss_aggregation": "seq-mean-token-mean",  # 1/G sum_i 1/|o_i| sum_t
+            "policy_loss": "clip",
+        },
+        "Max generation length 1024 (a generation setting, not a loss one).",
+    ),
+    "dr_grpo": Recipe(
+        "Liu et al. 2025, Understanding R1-Zero-Like Training: A Critical Perspective "
+        "(arXiv:2503.20783), Dr. GRPO",
+        {
+            "advantage_baseline": "group",
+            "advantage_scale": "none",  # no std normalisation
+            "loss_aggregation": "seq-mean-token-sum-norm",  # no 1/|o_i|: constant normaliser
+            "kl_coeff": 0.0,
+            "clip_epsilon": 0.2,
+            "policy_loss": "clip",
+            "learning_rate": 1e-6,
+            "group_size": 8,
+        },
+        "loss_normaliser must be given (the generation budget, e.g. max_new_tokens): "
+        "GRPOConfig.recipe('dr_grpo', loss_normaliser=...).",
+    ),
+    "dapo": Recipe(
+        "Yu et al. 2025, DAPO (arXiv:2503.14476), Sec. 3 and 4.1",
+        {
+            "clip_epsilon": 0.2,
+            "clip_epsilon_high": 0.28,  # clip-higher
+            "drop_zero_variance_groups": True,  # dynamic sampling filter (no resampling here)
+            "loss_aggregation": "token-mean",  # token-level policy gradient loss
+            "kl_coeff": 0.0,  # KL term removed
+            "policy_loss": "clip",
+            "learning_rate": 1e-6,
+            "group_size": 16,
+            "batch_size": 512,  # prompts per rollout
+            "mini_batch_size": 32,  # 16 gradient updates per rollout
+        },
+        "Overlong reward shaping is a reward, not a loss setting; resampling after the filter is "
+        "up to the data loader.",
+    ),
+    "gspo": Recipe(
+        "Zheng et al. 2025, Group Sequence Policy Optimization (arXiv:2507.18071)",
+        {
+            "policy_loss": "gspo",
+            "clip_epsilon": 3e-4,
+            "clip_epsilon_high": 4e-4,
+            "loss_aggregation": "seq-mean-token-mean",  # 1/G sum_i of the sequence objective
+            "kl_coeff": 0.0,
+            "advantage_baseline": "group",
+            "advantage_scale": "group",
+        },
+    ),
+    "cispo": Recipe(
+        "MiniMax 2025, MiniMax-M1 (arXiv:2506.13585), Sec. 3.1, CISPO",
+        {
+            "policy_loss": "cispo",
+            "clip_epsilon": 1.0,  # "no lower bound on the IS weight"
+            "clip_epsilon_high": 0.28,  # not published; DAPO's eps_high, override as needed
+            "loss_aggregation": "token-mean",  # normalised by the total tokens of the batch
+            "kl_coeff": 0.0,
+            "advantage_baseline": "group",
+            "advantage_scale": "group",
+        },
+        "The paper tunes only eps_high of the IS clip and does not publish it; 0.28 is a "
+        "placeholder to override.",
+    ),
+    "small_policy": Recipe(
+        "grpo's own preset for small policies (bandits, classic control): measured in "
+        "benchmarks/RESULTS.md, section 'Small policies'",
+        {
+            "learning_rate": 5e-3,  # a small network, not a language model (3e-4 / 1e-6)
+            "adaptive_lr_kl": 0.03,  # lower the rate while a step's KL > 0.06 (grpo.update.adaptive_lr)
+            "adaptive_lr_max": 5e-3,  # ... never above the start (rising made Acrobot less reliable)
+            "num_epochs_per_update": 10,  # reuse each rollout (PPO's 10 epochs)
+            "num_mini_batches": 4,  # 4 optimizer steps per epoch: 40 per rollout
+            "kl_coeff": 0.0,
+            "clip_epsilon": 0.2,
+            "loss_aggregation": "token-mean",  # each env step weighs the same
+            "gamma": 0.99,  # per-step rewards: returns-to-go
+            "reward_shift_z": 4.0,  # restart on a changed task (grpo.training.reward_shift)
+        },
+        "Not from a paper: chosen so that every bandit and classic-control task of "
+        "benchmarks/learning.py learns without tuning; batch_size and group_size stay yours. "
+        "The learning rate starts at 5e-3 and falls (to 1e-5 at the least) while optimizer steps "
+        "move the policy more than the KL band allows, so a 64x64 MLP on a few samples per "
+        "step is not over-driven by the rate a few learned logits need. An overridden "
+        "learning_rate is also the ceiling (adaptive_lr_max) unless that is overridden too. "
+        "A settled policy whose rewards fall (the task changed) restarts from its starting "
+        "weights (reward_shift_z; not with FSDP or DeepSpeed).",
+    ),
+}
+
+
+def recipe_values(name: str) -> dict[str, Any]:
+    """A copy of the recipe's field values; unknown names raise with the list of known ones."""
+    if name not in RECIPES:
+        raise ValueError(f"unknown recipe {name!r}; choose one of {sorted(RECIPES)}.")
+    return dict(RECIPES[name].values)

@@ -1,0 +1,321 @@
+"""Building the trainer's engine: the backend with its optimizer and LR schedule, and the frozen
+reference policy of the KL term.
+
+Which backend runs the optimizer steps (`grpo.engine.backends`):
+
+| config | processes | backend |
+| --- | --- | --- |
+| ``deepspeed`` set | any | `grpo.engine.deepspeed.DeepSpeedBackend` (ZeRO-1/2/3) |
+| ``fsdp=True`` | torchrun | `grpo.engine.fsdp.FSDPBackend` (PyTorch FSDP2) |
+| neither | torchrun | `grpo.engine.backends.DataParallelBackend` (the trainer's own gradient sync) |
+| neither | one | `grpo.engine.backends.LocalBackend` |
+
+A policy with no trainable tensor gets no optimizer and no backend (nothing is trained).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from grpo.config import GRPOConfig
+from grpo.engine.backends import Backend, DataParallelBackend, LocalBackend
+from grpo.engine.deepspeed import (
+    DeepSpeedBackend,
+    copy_partitioned_weights,
+    cpu_adam,
+    deepspeed_config_from,
+    import_deepspeed,
+    offloads_optimizer,
+    policy_is_partitioned,
+    training_module,
+)
+from grpo.engine.distributed import DistributedSync, setup_distributed
+from grpo.engine.lr_schedules import build_scheduler
+from grpo.engine.optim import default_optimizer
+from grpo.experience_collector import same_device
+from grpo.policy_base import PolicyModel, check_policy, policy_parameters
+from grpo.reward_model_base import RewardModel, as_reward_model
+
+__all__ = [
+    "BackendSetup",
+    "checked_inputs",
+    "join_processes",
+    "make_backend",
+    "make_reference",
+    "reference_module",
+    "refresh_reference",
+    "resolve_device",
+    "seed_everything",
+]
+
+
+def resolve_device(name: str) -> torch.device:
+    """``'auto'`` -> cuda when available else cpu; anything else as given."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators (CPU and CUDA)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def checked_inputs(
+    config: GRPOConfig, policy: PolicyModel, reward_model: Any, reference_policy: PolicyModel | None
+) -> RewardModel:
+    """The constructor's arguments checked (clear errors naming what is missing); the reward as a
+    `RewardModel`."""
+    if not isinstance(config, GRPOConfig):
+        raise TypeError(f"config must be a GRPOConfig, got {type(config).__name__}.")
+    check_policy(policy, "policy")
+    reward = as_reward_model(reward_model, "reward_model")
+    if reference_policy is not None:
+        check_policy(reference_policy, "reference_policy")
+    return reward
+
+
+def join_processes(config: GRPOConfig) -> tuple[torch.device, DistributedSync | None]:
+    """The device, and the process group under torchrun (None on one process); seeds the global
+    RNGs with ``seed + rank`` so that ranks sample different actions."""
+    device = resolve_device(config.device)
+    if deepspeed_config_from(config.deepspeed) is not None:
+        import_deepspeed()  # before the group exists (imported after, it holds the group until exit)
+    sync = setup_distributed(config.distributed, device)
+    rank = 0
+    if sync is not None:
+        device, rank = sync.device, sync.rank
+    if config.seed is not None:
+        seed_everything(config.seed + rank)
+    return device, sync
+
+
+@dataclass
+class BackendSetup:
+    """The trainable tensors, the optimizer and LR schedule over them, and the backend that runs
+    the optimizer steps (all None / empty when the policy has nothing to train)."""
+
+    params: list[Tensor]
+    optimizer: torch.optim.Optimizer | None
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    backend: Backend | None
+    deepspeed: DeepSpeedBackend | None
+    reference_copy: PolicyModel | None = None  # the frozen copy for the KL term, if asked for
+
+
+def make_backend(
+    config: GRPOConfig,
+    policy: PolicyModel,
+    device: torch.device,
+    sync: DistributedSync | None,
+    optimizer: torch.optim.Optimizer | None,
+    *,
+    copy_reference: bool = False,
+) -> BackendSetup:
+    """Choose and build the backend (see the module docstring). ``copy_reference``: also take the
+    frozen copy of the policy for the KL term, with every rank's weights equal and before FSDP
+    or DeepSpeed ZeRO-3 shard them (`BackendSetup.reference_copy`)."""
+    ds_config = deepspeed_config_from(config.deepspeed)  # None: no DeepSpeed
+    if config.fsdp:
+        if ds_config is not None:
+            raise ValueError("GRPOConfig(fsdp=True) and deepspeed=... both shard the policy; choose one.")
+        if sync is None:
+            raise ValueError(
+                "GRPOConfig(fsdp=True) shards the policy over torch.distributed processes, but this "
+                "is one process. Launch with torchrun --nproc_per_node=N, or set fsdp=False."
+            )
+        if optimizer is not None:
+            raise ValueError(
+                f"GRPOConfig(fsdp=True) replaces every parameter of the policy by a sharded DTensor, "
+                f"so the optimizer given ({type(optimizer).__name__}, built over the unsharded "
+                f"parameters) would update tensors that are no longer the model's. Pass "
+                f"optimizer=None: the trainer builds AdamW (GRPOConfig.learning_rate, weight_decay) "
+                f"over the sharded parameters."
+            )
+    if sync is not None:
+        sync.attach(policy_parameters(policy), policy)  # same layout on every rank; rank 0's weights
+    reference_copy = _frozen_copy(policy) if copy_reference else None  # whole, before any sharding
+    if config.fsdp:
+        from grpo.engine.fsdp import shard_policy
+
+        # attach() broadcast rank 0's weights already (and took the reference copy from them)
+        shard_policy(policy, device, broadcast_from_rank0=False)
+    params = policy_parameters(policy)
+    _check_param_devices(params, device)
+    opt = _make_optimizer(config, params, optimizer, ds_config)
+    if opt is None:
+        return BackendSetup(params, None, None, None, None, reference_copy)
+    sched = build_scheduler(
+        opt, config.lr_schedule, config.warmup_steps, config.total_steps, config.lr_min_ratio,
+        adaptive=config.adaptive_lr_kl is not None,
+    )  # fmt: skip
+    if ds_config is not None:
+        ds = DeepSpeedBackend(
+            policy, params, opt, ds_config, max_grad_norm=config.max_grad_norm,
+            world_size=1 if sync is None else sync.world_size, device=device, scheduler=sched, sync=sync,
+        )  # fmt: skip
+        return BackendSetup(params, opt, sched, ds, ds, reference_copy)
+    backend: Backend
+    if config.fsdp:
+        from grpo.engine.fsdp import FSDPBackend
+
+        assert sync is not None
+        backend = FSDPBackend(training_module(policy), params, opt, sched, config.max_grad_norm, sync)
+    elif sync is not None:
+        backend = DataParallelBackend(sync, params, opt, sched, config.max_grad_norm)
+    else:
+        backend = LocalBackend(params, opt, sched, config.max_grad_norm)
+    return BackendSetup(params, opt, sched, backend, None, reference_copy)
+
+
+def _check_param_devices(params: Sequence[Tensor], device: torch.device) -> None:
+    wrong = sorted({str(p.device) for p in params if not same_device(p.device, device)})
+    if wrong:
+        raise ValueError(
+            f"policy parameters are on {wrong} after policy.to({str(device)!r}), but "
+            f"GRPOConfig.device is {str(device)!r}. Make policy.to(device) move every "
+            f"tensor that get_parameters() returns, or set GRPOConfig(device=...) to match."
+        )
+
+
+def _make_optimizer(
+    config: GRPOConfig,
+    params: Sequence[Tensor],
+    optimizer: torch.optim.Optimizer | None,
+    ds_config: dict[str, Any] | None,
+) -> torch.optim.Optimizer | None:
+    if optimizer is not None:
+        held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        if params and not any(id(p) in held for p in params):
+            raise ValueError(
+                f"the optimizer ({type(optimizer).__name__}) holds none of the "
+                f"{len(params)} parameters that policy.get_parameters() returns, so "
+                f"training would change nothing. Build it from those tensors, e.g. "
+                f"torch.optim.AdamW(policy.parameters(), lr=...), or pass optimizer=None."
+            )
+        return optimizer
+    if not params:
+        return None
+    if ds_config is not None and offloads_optimizer(ds_config):  # ZeRO-Offload: Adam on the CPU
+        return cpu_adam(params, config.learning_rate, config.weight_decay)
+    return default_optimizer(params, config.learning_rate, config.weight_decay)
+
+
+# ---- the reference policy of the KL term ----------------------------------------------------------
+def make_reference(
+    config: GRPOConfig,
+    policy: PolicyModel,
+    reference_policy: PolicyModel | None,
+    device: torch.device,
+    deepspeed: DeepSpeedBackend | None,
+    copy_made: PolicyModel | None = None,
+) -> PolicyModel | None:
+    """The reference policy: the one given, or a frozen copy of ``policy`` (``copy_made`` when
+    the backend took it already), only when ``kl_coeff > 0``; under ZeRO-3 the copy is
+    partitioned too."""
+    if config.kl_coeff <= 0:
+        if reference_policy is not None:
+            import warnings
+
+            warnings.warn(
+                "reference_policy is ignored because kl_coeff=0 (no KL term); set "
+                "GRPOConfig(kl_coeff=...) > 0 to use it.",
+                UserWarning,
+                stacklevel=3,
+            )
+        return None
+    if reference_policy is not None:
+        moved = reference_policy.to(device)
+        reference = reference_policy if moved is None else moved
+    else:
+        reference = copy_made if copy_made is not None else _frozen_copy(policy)
+    module = reference_module(reference, deepspeed)
+    if deepspeed is not None and deepspeed.stage == 3 and module is not None:
+        deepspeed.partition_reference(module)
+    return reference
+
+
+def _frozen_copy(policy: PolicyModel) -> PolicyModel:
+    if policy_is_partitioned(policy):
+        raise ValueError(
+            f"the weights of {type(policy).__name__} are already partitioned by DeepSpeed "
+            f"ZeRO-3 (a trainer built on this policy earlier partitioned them), so they cannot "
+            f"be copied for the frozen KL reference. Build a fresh policy for this trainer, "
+            f"pass reference_policy=..., or set GRPOConfig(kl_coeff=0)."
+        )
+    try:
+        ref = copy.deepcopy(policy)
+    except Exception as e:  # deepcopy of arbitrary user objects can fail in many ways
+        raise TypeError(
+            f"could not copy the policy ({type(policy).__name__}) to make the frozen reference "
+            f"policy for the KL term: {e!r}. Pass reference_policy=... yourself, or set "
+            f"GRPOConfig(kl_coeff=0)."
+        ) from e
+    for p in policy_parameters(ref):
+        p.requires_grad_(False)
+    ref.eval()
+    return ref
+
+
+def reference_module(reference: PolicyModel | None, deepspeed: DeepSpeedBackend | None) -> nn.Module | None:
+    """The reference policy's own module (a copy of the policy's), or None: no reference, or
+    one without a module of its own (e.g. the policy with its LoRA adapter disabled)."""
+    if reference is None:
+        return None
+    try:
+        module = training_module(reference)
+    except TypeError:
+        return None
+    if deepspeed is not None and module is deepspeed.module:
+        return None
+    return module
+
+
+def _fsdp_module(policy: PolicyModel) -> nn.Module | None:
+    """The policy's module when FSDP2 sharded it, else None."""
+    from grpo.engine.fsdp import is_fsdp_sharded
+
+    try:
+        module = training_module(policy)
+    except TypeError:
+        return None
+    return module if is_fsdp_sharded(module) else None
+
+
+def refresh_reference(
+    policy: PolicyModel, reference: PolicyModel | None, deepspeed: DeepSpeedBackend | None
+) -> PolicyModel | None:
+    """Copy ``policy``'s weights into ``reference``; returns the (possibly new) reference."""
+    if reference is None:
+        return None
+    if deepspeed is not None and deepspeed.stage == 3:
+        # both partitioned: copied module by module (every rank takes part)
+        target = reference_module(reference, deepspeed)
+        if target is None:
+            raise TypeError(
+                f"under DeepSpeed ZeRO-3 the reference policy is refreshed through its module, "
+                f"but {type(reference).__name__} has none (no training_module()). "
+                f"Set reference_update_freq=None."
+            )
+        copy_partitioned_weights(deepspeed.module, target)
+        return reference
+    sharded = _fsdp_module(policy)
+    if sharded is not None:  # FSDP: gather the full weights on every rank into the whole copy
+        from grpo.engine.fsdp import full_state_dict
+
+        training_module(reference).load_state_dict(full_state_dict(sharded, rank0_only=False))
+        return reference
+    if isinstance(reference, nn.Module) and isinstance(policy, nn.Module):
+        reference.load_state_dict(policy.state_dict())
+        return reference
+    return _frozen_copy(policy)

@@ -1,0 +1,47 @@
+"""Gymnasium environments as GRPO tasks (the ``gym`` extra; gymnasium is imported lazily).
+
+* `grpo.gym.episodes`: whole episodes as actions (`EpisodePolicy`, `EpisodeRewards`, `run_episodes`)
+* `grpo.gym.resets`: which tool when ``env.reset(seed=s)`` cannot give a group one start state
+* `grpo.gym.snapshots`: groups from saved and restored simulator states
+* `grpo.gym.grouping`: groups by nearest start states, when the env cannot restore
+* `grpo.gym.exploration`: an exploration bonus for tasks where every group fails
+"""
+
+from grpo.gym.episodes import (
+    Episode,
+    EpisodePolicy,
+    EpisodeReturn,
+    EpisodeRewards,
+    discounted_returns,
+    evaluate_episodes,
+    run_episodes,
+)
+from grpo.gym.exploration import EpisodeSpread
+from grpo.gym.grouping import (
+    NearestStartPolicy,
+    StartStateBiasWarning,
+    group_by_nearest_start,
+    grouping_stats,
+)
+from grpo.gym.snapshots import Snapshot, SnapshotError, SnapshotReset, SnapshotStore, restore, snapshot
+
+__all__ = [
+    "Episode",
+    "EpisodePolicy",
+    "EpisodeReturn",
+    "EpisodeRewards",
+    "EpisodeSpread",
+    "NearestStartPolicy",
+    "Snapshot",
+    "SnapshotError",
+    "SnapshotReset",
+    "SnapshotStore",
+    "StartStateBiasWarning",
+    "discounted_returns",
+    "evaluate_episodes",
+    "group_by_nearest_start",
+    "grouping_stats",
+    "restore",
+    "run_episodes",
+    "snapshot",
+]

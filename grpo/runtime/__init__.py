@@ -1,0 +1,6 @@
+"""The process the trainer runs in.
+
+* `grpo.runtime.threads`: intra-op threads per step (one for a small CPU policy)
+* `grpo.runtime.denormals`: subnormal floats flushed to zero on CPU during a step
+* `grpo.runtime.extras`: install hints for the optional extras
+"""

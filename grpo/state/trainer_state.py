@@ -1,0 +1,554 @@
+"""The trainer's state, explicitly: what `GRPOTrainer.state_dict` holds and how it is restored.
+
+No reflection: the state is exactly these entries (a new attribute of the trainer never enters
+a checkpoint by accident)::
+
+    step_count          int >= 0   steps taken
+    non_finite_steps    int >= 0   steps whose update was undone (grpo.update.guard)
+    policy              name -> Tensor, the policy's weights (grpo.state.checkpoint.policy_state)
+    reference_policy    name -> Tensor, or None (no KL term)
+    optimizer           torch optimizer state dict, or None (nothing to train)
+    scheduler           LR scheduler state dict, or None
+    generator           the trainer's own torch.Generator state (shuffling of groups)
+    components          name -> state dict: the advantage estimator's running statistics and
+                        every object given to `register_checkpoint_state`
+
+`load_state_dict` checks every entry against this live trainer before changing anything: keys,
+types, ranges and the same components; the weights' names, shapes and dtypes (and no NaN); the
+optimizer's param_groups (count, keys, parameter ids, hyper-parameters) and each parameter's
+state (for Adam/AdamW ``step`` a finite count >= 0, ``exp_avg``/``exp_avg_sq`` shaped and typed
+like the parameter, finite, the second moment >= 0); the scheduler's keys and value types (they
+become attributes of the scheduler); the generator state; the advantage estimator's running
+statistics. A problem is one `CheckpointError` naming the entry (and, from a checkpoint, the
+file). A failure after the checks (a registered component's own ``load_state_dict`` refusing its
+state) rolls everything back: the policy, reference, optimizer, scheduler, components, generator
+and counters are restored to what they were (the weights from a CPU copy taken before the load).
+The process-global RNG streams (Python, NumPy, torch) are not the trainer's: `grpo.state.checkpoint`
+saves, checks and restores them beside this state.
+
+Under FSDP (``GRPOConfig(fsdp=True)``, `grpo.engine.fsdp`) the entries have the same format as
+one process's (full tensors, torch's optimizer format), so a checkpoint moves between FSDP and
+non-FSDP runs: `state_dict` gathers the sharded weights and optimizer state to rank 0 (a
+collective; the other ranks get ``{}`` for ``policy`` and ``optimizer``), and `load_state_dict`
+broadcasts rank 0's and shards them again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from typing_extensions import Self
+
+from grpo.state.checkpoint import (
+    MAX_COUNT,
+    POLICY_FILE,
+    REFERENCE_FILE,
+    STATE_FILE,
+    STATE_JSON,
+    CheckpointError,
+    _kind,
+    _short,
+    in_file,
+    load_policy_state,
+    policy_state,
+)
+from grpo.state.checks import (
+    optimizer_problem,
+    running_stats_problem,
+    scheduler_problem,
+    single_device,
+    tensors_problem,
+    weights_problem,
+    with_live_flags,
+)
+
+if TYPE_CHECKING:
+    from grpo.engine.fsdp import FSDPBackend
+
+__all__ = ["STATE_KEYS", "TrainerStateMixin"]
+
+STATE_KEYS = (
+    "step_count", "non_finite_steps", "policy", "reference_policy", "optimizer", "scheduler",
+    "generator", "components",
+)  # fmt: skip
+
+
+class TrainerStateMixin:
+    """`state_dict` / `load_state_dict`, stateful components, checkpoints and the gathered weights
+    of `GRPOTrainer`."""
+
+    policy: Any
+    reference_policy: Any
+    optimizer: torch.optim.Optimizer | None
+    scheduler: Any
+    advantage_estimator: Any
+    step_count: int
+    guard: Any
+    config: Any
+    _generator: torch.Generator
+    _checkpoint_components: dict[str, Any]
+    _deepspeed: Any  # grpo.engine.deepspeed.DeepSpeedBackend | None
+    backend: Any  # grpo.engine.backends.Backend | None
+
+    def register_checkpoint_state(self, name: str, obj: Any) -> None:
+        """Save and restore ``obj`` (with ``state_dict()`` / ``load_state_dict()``) in checkpoints,
+        e.g. a data sampler. The state dict may hold tensors and plain data, never other objects."""
+        if not (
+            callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+        ):
+            raise TypeError(
+                f"register_checkpoint_state({name!r}, ...) needs an object with state_dict() and "
+                f"load_state_dict(); {type(obj).__name__} lacks them."
+            )
+        if name in ("advantage_estimator", "reward_shift"):
+            raise ValueError(
+                f"register_checkpoint_state: {name!r} is the trainer's own; choose another name."
+            )
+        self._checkpoint_components[name] = obj
+
+    def stateful_components(self) -> dict[str, Any]:
+        """The objects whose state dicts are saved besides the models (see the module docstring)."""
+        return {"advantage_estimator": self.advantage_estimator, **self._checkpoint_components}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly (see the module docstring for the entries).
+
+        Under FSDP a collective: every process must call it. Rank 0 gets the whole (gathered)
+        policy weights and optimizer state; the other ranks get ``{}`` for those two entries.
+        """
+        self._refuse_under_deepspeed("state_dict")
+        opt, sched = self.optimizer, self.scheduler
+        ref = self.reference_policy
+        fsdp = self._fsdp_backend()
+        if fsdp is not None:  # gathered: full tensors on rank 0, {} elsewhere
+            policy = self._fsdp_policy_state(fsdp)
+            engine = fsdp.state_dict()
+            optimizer, scheduler = engine["optimizer"], engine["scheduler"]
+        else:
+            policy = policy_state(self.policy)
+            optimizer = None if opt is None else opt.state_dict()
+            scheduler = None if sched is None else sched.state_dict()
+        return {
+            "step_count": self.step_count,
+            "non_finite_steps": self.guard.non_finite_steps,
+            "policy": policy,
+            "reference_policy": None if ref is None else policy_state(ref, "reference_policy"),
+            "optimizer": optimizer,
+            "scheduler": scheduler,
+            "generator": self._generator.get_state(),
+            "components": {k: v.state_dict() for k, v in self.stateful_components().items()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], *, source: str = "the state dict") -> None:
+        """Restore what `state_dict` returned. Every entry is checked first; a `CheckpointError`
+        naming ``source`` and the entry leaves the trainer unchanged.
+
+        Under FSDP a collective: every process must call it. Rank 0's ``policy`` and ``optimizer``
+        are loaded (broadcast and sharded; the other ranks may pass the same or ``{}``); a state
+        that does not fit raises `CheckpointError` on every rank.
+        """
+        self._refuse_under_deepspeed("load_state_dict")
+        fsdp = self._fsdp_backend()
+        if fsdp is not None:
+            self._fsdp_load_state_dict(fsdp, state, source)
+            return
+        self._check_state(state, source)
+        self._check_tensors(state, source)
+        undo = self._capture()
+        stage = "policy"
+        try:
+            load_policy_state(self.policy, state["policy"])
+            if self.reference_policy is not None:
+                stage = "reference_policy"
+                load_policy_state(self.reference_policy, state["reference_policy"], "reference_policy")
+            if self.optimizer is not None:
+                stage = "optimizer"
+                self.optimizer.load_state_dict(with_live_flags(state["optimizer"], self.optimizer))
+            if self.scheduler is not None:
+                stage = "scheduler"
+                self.scheduler.load_state_dict(copy.deepcopy(dict(state["scheduler"])))
+            for name, obj in self.stateful_components().items():
+                stage = f"components[{name!r}] ({type(obj).__name__}.load_state_dict)"
+                obj.load_state_dict(state["components"][name])
+            stage = "generator"
+            self._generator.set_state(state["generator"])
+            self.step_count = int(state["step_count"])
+            self.guard.non_finite_steps = int(state["non_finite_steps"])
+        except BaseException as e:
+            failed = self._restore(undo)
+            if not isinstance(e, Exception):
+                raise
+            undone = (
+                "the trainer was restored to its state before the load"
+                if not failed
+                else f"restoring the trainer's previous state failed too ({'; '.join(failed)}): the "
+                f"trainer is in an undefined state, build a new one"
+            )
+            file = {"policy": POLICY_FILE, "reference_policy": REFERENCE_FILE}.get(stage, STATE_JSON)
+            raise CheckpointError(
+                f"{in_file(source, file)}: {stage}: loading it failed ({type(e).__name__}: {e}); {undone}."
+            ) from e
+
+    def _load_rest(self, state: Mapping[str, Any]) -> None:
+        """The components, the generator and the counters (checked already)."""
+        for k, obj in self.stateful_components().items():
+            obj.load_state_dict(state["components"][k])
+        self._generator.set_state(state["generator"])
+        self.step_count = int(state["step_count"])
+        self.guard.non_finite_steps = int(state["non_finite_steps"])
+
+    # ---- FSDP: gathered on save, broadcast and sharded on load ------------------------------------
+    def _fsdp_backend(self) -> FSDPBackend | None:
+        """The `grpo.engine.fsdp.FSDPBackend` when the policy is sharded by FSDP, else None."""
+        backend = getattr(self, "backend", None)
+        if backend is None or not getattr(self.config, "fsdp", False):
+            return None
+        from grpo.engine.fsdp import FSDPBackend
+
+        return backend if isinstance(backend, FSDPBackend) else None
+
+    def _fsdp_policy_names(self, fsdp: FSDPBackend) -> dict[str, list[str]] | None:
+        """``policy_state`` key -> the sharded module's state-dict names it stands for (several for a
+        tied weight); None when the policy is the module itself (the keys are the names)."""
+        if self.policy is fsdp.module:
+            return None
+        if callable(getattr(self.policy, "state_dict", None)):
+            raise NotImplementedError(
+                f"under FSDP the trainer checkpoints a policy that is itself the sharded nn.Module, or "
+                f"one without state_dict() whose get_parameters() returns the module's parameters (as "
+                f"grpo.llm.CausalLMPolicy); {type(self.policy).__name__} has a state_dict() of its own "
+                f"around training_module(). Checkpoint the module yourself with "
+                f"trainer.backend.gathered_model_state_dict()."
+            )
+        raw: Any = self.policy.get_parameters()
+        items = raw.items() if isinstance(raw, Mapping) else enumerate(raw)
+        tensors = {str(k): v for k, v in items}
+        try:
+            return fsdp.state_dict_names(tensors)
+        except ValueError as e:
+            raise CheckpointError(str(e)) from e
+
+    def _fsdp_policy_state(self, fsdp: FSDPBackend) -> dict[str, Any]:
+        """The policy's full weights in `grpo.state.checkpoint.policy_state`'s format on rank 0 (``{}``
+        elsewhere); a collective."""
+        names = self._fsdp_policy_names(fsdp)  # before the collective: raises on every rank alike
+        full = fsdp.gathered_model_state_dict()
+        if names is None or not full:
+            return full
+        return {k: full[n[0]] for k, n in names.items()}
+
+    def _fsdp_load_state_dict(self, fsdp: FSDPBackend, state: Mapping[str, Any], source: str) -> None:
+        """`load_state_dict` under FSDP: every rank checks what it can (rank 0 also the weights
+        and the optimizer state), the verdicts are all-gathered, then the loads are collectives."""
+        names = self._fsdp_policy_names(fsdp)
+        weights: dict[str, Any] = {}
+        problem: str | None = None
+        try:
+            self._check_state(state, source)
+            ref = self.reference_policy
+            if ref is not None:
+                problem = weights_problem(policy_state(ref, "reference_policy"), state["reference_policy"])
+                problem = problem and f"{source}: reference_policy: {problem}"
+            if problem is None and fsdp.sync.rank == 0:
+                given = state["policy"]
+                if names is None:
+                    weights = dict(given)
+                elif set(given) != set(names):
+                    problem = (
+                        f"{type(self.policy).__name__}.get_parameters() has tensors {sorted(names)[:8]} "
+                        f"but the checkpoint has {sorted(given)[:8]}"
+                    )
+                else:
+                    weights = {n: given[k] for k, ns in names.items() for n in ns}
+                problem = problem or fsdp.model_state_problem(weights, strict=names is None)
+                problem = problem or fsdp.optimizer_state_problem(state["optimizer"])
+                problem = problem and f"{source}: {problem}"
+        except CheckpointError as e:
+            problem = str(e)
+        verdicts: list[str | None] = [None] * fsdp.world_size
+        torch.distributed.all_gather_object(verdicts, problem)
+        first = next((v for v in verdicts if v is not None), None)
+        if first is not None:
+            raise CheckpointError(first)
+        fsdp.load_model_state_dict(weights, strict=names is None)
+        if self.reference_policy is not None:
+            load_policy_state(self.reference_policy, state["reference_policy"], "reference_policy")
+        fsdp.load_state_dict({"optimizer": state["optimizer"], "scheduler": state["scheduler"]})
+        self._load_rest(state)
+
+    def _check_state(self, state: Mapping[str, Any], source: str) -> None:
+        if not isinstance(state, Mapping):
+            raise CheckpointError(f"{source}: the trainer state is {type(state).__name__}, not a mapping.")
+        missing = [k for k in STATE_KEYS if k not in state]
+        extra = sorted(set(state) - set(STATE_KEYS))
+        if missing or extra:
+            raise CheckpointError(f"{source}: trainer state entries missing {missing}, unknown {extra}.")
+        for k in ("step_count", "non_finite_steps"):
+            v = state[k]
+            if type(v) is not int or not 0 <= v <= MAX_COUNT:
+                raise CheckpointError(
+                    f"{in_file(source, STATE_JSON)}: scalars.{k}: must be an integer in [0, 2**63), got "
+                    f"{_short(v)} ({type(v).__name__})."
+                )
+        g = state["generator"]
+        live_g = self._generator.get_state()
+        if not isinstance(g, torch.Tensor) or g.dtype != torch.uint8 or g.shape != live_g.shape:
+            raise CheckpointError(
+                f"{in_file(source, STATE_FILE)}: generator: must be a torch.Generator state (a uint8 tensor "
+                f"of shape {tuple(live_g.shape)}), got {_kind(g)}."
+            )
+        try:
+            torch.Generator().set_state(g)
+        except (RuntimeError, ValueError) as e:
+            raise CheckpointError(
+                f"{in_file(source, STATE_FILE)}: generator: is not a valid torch.Generator state ({e})."
+            ) from None
+
+        def has(key: str) -> str:
+            return "has" if state[key] is not None else "has no"
+
+        ref, opt, sched = self.reference_policy, self.optimizer, self.scheduler
+        if (state["reference_policy"] is None) != (ref is None):
+            raise CheckpointError(
+                f"{in_file(source, STATE_JSON)}: reference: the checkpoint {has('reference_policy')} "
+                f"reference policy but this trainer "
+                f"{'has one' if ref is not None else 'has none'}; use the same kl_coeff (> 0 builds a "
+                f"reference) as the run that saved it."
+            )
+        if (state["optimizer"] is None) != (opt is None):
+            raise CheckpointError(
+                f"{in_file(source, STATE_JSON)}: tree.optimizer: the checkpoint {has('optimizer')} optimizer "
+                f"state but this trainer "
+                f"{'has an optimizer' if opt is not None else 'has none'}."
+            )
+        if (state["scheduler"] is None) != (sched is None):
+            raise CheckpointError(
+                f"{in_file(source, STATE_JSON)}: tree.scheduler: the checkpoint {has('scheduler')} LR "
+                f"scheduler state but trainer.scheduler is "
+                f"{type(sched).__name__}; configure the same schedule."
+            )
+        comps = state["components"]
+        if not isinstance(comps, Mapping) or set(comps) != set(self.stateful_components()):
+            saved = sorted(comps) if isinstance(comps, Mapping) else type(comps).__name__
+            raise CheckpointError(
+                f"{in_file(source, STATE_JSON)}: tree.components: the state holds stateful components "
+                f"{saved} but this trainer has "
+                f"{sorted(self.stateful_components())}; register the same ones (register_checkpoint_state)."
+            )
+        from grpo.advantage_estimator import AdvantageEstimator
+
+        if isinstance(self.advantage_estimator, AdvantageEstimator):
+            problem = running_stats_problem(comps["advantage_estimator"])
+            if problem is not None:
+                raise CheckpointError(
+                    f"{in_file(source, STATE_JSON)}: components['advantage_estimator']{problem}."
+                )
+
+    def _check_tensors(self, state: Mapping[str, Any], source: str) -> None:
+        """The checks of the entries that one process holds whole (not under FSDP): the weights
+        against the live models, the optimizer and scheduler state against the live ones."""
+        problem = tensors_problem(policy_state(self.policy), state["policy"], "policy")
+        if problem is not None:
+            raise CheckpointError(f"{in_file(source, POLICY_FILE)}: {problem[0]}: {problem[1]}.")
+        ref = self.reference_policy
+        if ref is not None:
+            live_ref = policy_state(ref, "reference_policy")
+            problem = tensors_problem(live_ref, state["reference_policy"], "reference_policy")
+            if problem is not None:
+                raise CheckpointError(f"{in_file(source, REFERENCE_FILE)}: {problem[0]}: {problem[1]}.")
+        if self.optimizer is not None:
+            opt_problem = optimizer_problem(self.optimizer, state["optimizer"])
+            if opt_problem is not None:
+                file, field, why = opt_problem
+                raise CheckpointError(f"{in_file(source, file)}: {field}: {why}.")
+        if self.scheduler is not None:
+            problem = scheduler_problem(self.scheduler, state["scheduler"])
+            if problem is not None:
+                raise CheckpointError(f"{in_file(source, STATE_JSON)}: {problem[0]}: {problem[1]}.")
+
+    def _weight_specs(self, role: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
+        """name -> (shape, dtype) of the live ``policy`` / ``reference_policy``: what
+        `grpo.state.checkpoint` checks a weight file's header against before reading a tensor. None
+        when there is no such model, or under FSDP (rank 0 checks the weights on load)."""
+        model = self.policy if role == "policy" else self.reference_policy
+        if model is None or self._fsdp_backend() is not None:
+            return None
+        return {k: (tuple(v.shape), v.dtype) for k, v in policy_state(model, role).items()}
+
+    def _capture(self) -> dict[str, Any]:
+        """What `load_state_dict` may change, to put back if it fails half-way: the weights as CPU
+        copies, the optimizer's state dict (its tensors are replaced on load, never written), deep
+        copies of the scheduler's and components' state dicts, the generator and the counters."""
+        ref, opt, sched = self.reference_policy, self.optimizer, self.scheduler
+
+        def weights(model: Any, role: str) -> dict[str, torch.Tensor]:
+            return {k: v.detach().to("cpu", copy=True) for k, v in policy_state(model, role).items()}
+
+        opt_state = None
+        if opt is not None:
+            sd = opt.state_dict()
+            opt_state = {
+                "state": {k: dict(v) for k, v in sd["state"].items()},
+                "param_groups": sd["param_groups"],
+            }
+        return {
+            "policy": weights(self.policy, "policy"),
+            "reference_policy": None if ref is None else weights(ref, "reference_policy"),
+            "optimizer": opt_state,
+            "scheduler": None if sched is None else copy.deepcopy(sched.state_dict()),
+            "components": {k: copy.deepcopy(v.state_dict()) for k, v in self.stateful_components().items()},
+            "generator": self._generator.get_state(),
+            "counters": (self.step_count, self.guard.non_finite_steps),
+        }
+
+    def _restore(self, undo: Mapping[str, Any]) -> list[str]:
+        """Put back what `_capture` took; the parts that could not be restored (normally none)."""
+        failed: list[str] = []
+
+        def attempt(what: str, fn: Any) -> None:
+            try:
+                fn()
+            except Exception as e:
+                failed.append(f"{what}: {type(e).__name__}: {e}")
+
+        attempt("policy", lambda: load_policy_state(self.policy, undo["policy"]))
+        if self.reference_policy is not None:
+            attempt(
+                "reference_policy",
+                lambda: load_policy_state(
+                    self.reference_policy, undo["reference_policy"], "reference_policy"
+                ),
+            )
+        opt = self.optimizer
+        if opt is not None:
+            attempt("optimizer", lambda: opt.load_state_dict(undo["optimizer"]))
+        if self.scheduler is not None:
+            attempt("scheduler", lambda: self.scheduler.load_state_dict(undo["scheduler"]))
+        for name, obj in self.stateful_components().items():
+            attempt(
+                f"components[{name!r}]",
+                lambda obj=obj, name=name: obj.load_state_dict(undo["components"][name]),
+            )
+        self._generator.set_state(undo["generator"])
+        self.step_count, self.guard.non_finite_steps = undo["counters"]
+        return failed
+
+    def save_checkpoint(self, directory: str | os.PathLike[str], *, keep_last: int | None = None) -> Path:
+        """Save everything needed to resume exactly to ``directory/step-<step_count>/`` (atomic).
+
+        Holds `state_dict` (weights in safetensors, the rest in JSON) and every process-global
+        RNG stream; see `grpo.state.checkpoint`. Keeps the newest ``keep_last`` checkpoints (None =
+        ``config.checkpoint_keep_last``, itself None = keep all). Returns the checkpoint's path.
+
+        Under torchrun every process must call it: `state_dict` runs on every rank (under FSDP it
+        gathers the sharded weights and optimizer state to rank 0), then rank 0 writes and the
+        other ranks wait for it.
+        """
+        from grpo.engine.distributed import main_process_only
+        from grpo.state import checkpoint
+
+        keep = self.config.checkpoint_keep_last if keep_last is None else keep_last
+        self._refuse_under_deepspeed("save_checkpoint")
+        state = self.state_dict()
+        return main_process_only(  # under torchrun rank 0 writes, the other ranks wait for it
+            lambda: checkpoint.save_checkpoint(state, self.config.to_dict(), directory, keep_last=keep),
+            Path(directory) / f"step-{self.step_count:08d}",
+        )
+
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> Path:
+        """Restore this trainer (built with the same objects and config) from ``path``: a directory
+        given to `save_checkpoint` (its newest complete checkpoint is used) or one checkpoint.
+        Never unpickles. Returns the checkpoint loaded. Under torchrun every process must call it
+        (each reads the checkpoint; under FSDP rank 0's weights and optimizer state are broadcast
+        and sharded)."""
+        from grpo.engine.distributed import reseed_other_ranks
+        from grpo.state import checkpoint
+
+        self._refuse_under_deepspeed("load_checkpoint")
+        loaded = checkpoint.load_checkpoint(self, path)
+        reseed_other_ranks(self.config.seed, self.step_count)  # ranks > 0: their own RNG streams
+        return loaded
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        policy: Any,
+        reward_model: Any,
+        reference_policy: Any = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        device: str | None = None,
+    ) -> Self:
+        """A trainer with the checkpoint's config, built around ``policy`` / ``reward_model`` (and
+        the optional reference policy and optimizer, as in the constructor), then restored from it.
+
+        ``device`` replaces the saved config's ``device`` (e.g. ``'cpu'`` to load the checkpoint of
+        a CUDA run on a machine without one; the load then warns that the config differs in
+        ``device``). Without it, a saved device this machine lacks raises `CheckpointError`.
+        No path written in the checkpoint is opened: a saved ``deepspeed`` config path is refused
+        (`grpo.state.checkpoint.resume_config`). If anything fails, ``policy`` is moved back to its
+        device and the process-global RNG streams (which the constructor seeds) are put back.
+        """
+        from grpo.config import GRPOConfig
+        from grpo.state import checkpoint
+
+        if device is not None:
+            GRPOConfig(device=device)  # a bad argument: ValueError, not the checkpoint's fault
+        ckpt, saved = checkpoint.resume_config(path, device=device)
+        where = ckpt / checkpoint.STATE_JSON
+        known = {f.name for f in dataclasses.fields(GRPOConfig)}
+        unknown = sorted(set(saved) - known)
+        if unknown:
+            raise CheckpointError(
+                f"{where}: config: the fields {_short(unknown, 200)} are unknown to this version of "
+                f"GRPOConfig; load it with the grpo version that saved it."
+            )
+        try:
+            config = GRPOConfig(**saved)
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{where}: config: {e}") from None
+        rng = checkpoint.capture_rng()
+        home = single_device(policy)
+        try:
+            trainer = cls(config, policy, reward_model, reference_policy, optimizer)  # type: ignore[call-arg]
+            trainer.load_checkpoint(ckpt)
+        except BaseException:
+            checkpoint.restore_rng(rng)
+            if home is not None:
+                policy.to(home)
+            raise
+        return trainer
+
+    @property
+    def deepspeed_stage(self) -> int | None:
+        """The DeepSpeed ZeRO stage (1, 2 or 3) when DeepSpeed runs the backward pass and optimizer
+        step (``GRPOConfig.deepspeed``), else None."""
+        return None if self._deepspeed is None else self._deepspeed.stage
+
+    def gathered_weights(self) -> contextlib.AbstractContextManager[None]:
+        """A context manager within which the policy's weights (and those of the reference copy)
+        hold their full values on every rank: under DeepSpeed ZeRO-3 each rank otherwise keeps
+        only its partition (every rank must enter it: it all-gathers). A no-op otherwise. For
+        reading (comparing, exporting); changes made inside are discarded."""
+        if self._deepspeed is None:
+            return contextlib.nullcontext()
+        gathered: contextlib.AbstractContextManager[None] = self._deepspeed.gathered()
+        return gathered
+
+    def _refuse_under_deepspeed(self, what: str) -> None:
+        if self._deepspeed is not None:
+            raise NotImplementedError(
+                f"GRPOTrainer.{what} is not supported with DeepSpeed ZeRO: the optimizer state is "
+                f"partitioned over the processes, and the trainer's checkpoint holds one optimizer "
+                f"state. Save the model itself (e.g. CausalLMPolicy.save_pretrained, as grpo-train "
+                f"does), or train without DeepSpeed (GRPOConfig(deepspeed='off')) to get resumable "
+                f"checkpoints."
+            )

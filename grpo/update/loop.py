@@ -1,0 +1,331 @@
+"""The update of one step: for each optimizer step of the plan, micro-batch forwards, the
+objective, backward passes, then one optimizer step through the backend::
+
+    for opt_step in plan.optimizer_steps(...):           # epochs x whole-group optimizer steps
+        Z = global normaliser of opt_step's rows          # when the mask is known (see update_plan)
+        backend.zero_grad()
+        for mb in opt_step.micro_batches:
+            lp   = policy log-probs (+ entropy) of mb     # one forward
+            out  = objective(lp, logp_old, A, mask, Z)    # grpo.grpo_objective
+            backend.backward(out.loss, last=mb.last)      # (update's 1st: raise if no parameter
+                                                          #  got a gradient)
+        adaptive_lr.observe(KL of opt_step)               # optional: grpo.update.adaptive_lr sets the lr
+        result = guard.optimizer_step()                   # backend: reduce, clip, step; or skip if
+                                                          # non-finite (or lr/weight decay is)
+        if not guard.accept(result): break                # grpo.update.guard: undo the whole update
+    else: guard.check_weights()                           # all applied: undo if a weight is NaN/inf
+
+`run_update` returns the update's metrics (`grpo.metrics` names) and the number of valid steps
+they were averaged over. Nothing here writes to the batch or the advantages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from grpo.engine.backends import Backend, OptimizerStepResult
+from grpo.experience_collector import ExperienceBatch, LogProbs, evaluate_log_probs, select_rows
+from grpo.grpo_objective import STAT_NAMES, GRPOObjective, ObjectiveOutput, update_metrics
+from grpo.policy_base import EntropyRequest, PolicyModel, has_method, set_training_mode
+from grpo.update.adaptive_lr import AdaptiveLR
+from grpo.update.guard import UpdateGuard
+from grpo.update.plan import MicroBatch, NormaliserMode, OptimizerStep, UpdateDecisions, UpdatePlan
+
+__all__ = ["UpdateParts", "UpdateStatistics", "run_update"]
+
+_KL_AND_COUNT = [STAT_NAMES.index("kl_old"), STAT_NAMES.index("steps")]  # (sum k3, #valid) of a step
+
+
+class UpdateStatistics:
+    """The update's statistics, accumulated as it runs: the objective's (summed over micro-batches
+    and optimizer steps), the ratio extremes, gradient norms and the sampler-correction sums."""
+
+    def __init__(self, *, with_is: bool) -> None:
+        self.objective: Tensor | None = None
+        self.extremes: Tensor | None = None
+        self.is_sums: Tensor | None = None
+        self.with_is = with_is
+        self.grad_norm_sum = 0.0
+        self.optimizer_steps = 0
+        self.non_finite_steps = 0
+
+    def add_objective(self, stats: Tensor) -> None:
+        self.objective = stats if self.objective is None else self.objective + stats
+
+    def add_extremes(self, extremes: Tensor) -> None:
+        self.extremes = extremes if self.extremes is None else torch.maximum(self.extremes, extremes)
+
+    def add_is(self, sums: Tensor) -> None:
+        self.is_sums = sums if self.is_sums is None else self.is_sums + sums
+
+    def add_step(self, result: OptimizerStepResult) -> None:
+        self.grad_norm_sum += result.grad_norm
+        self.optimizer_steps += 1
+
+    def finish(self) -> tuple[dict[str, float], float]:
+        """Metrics by name (`grpo.metrics`) and the valid steps they were averaged over."""
+        assert self.objective is not None
+        assert self.extremes is not None
+        out, steps = update_metrics(self.objective, self.extremes, self.optimizer_steps)
+        out["grad/norm"] = self.grad_norm_sum / self.optimizer_steps
+        out["optim/non_finite_steps"] = float(self.non_finite_steps)
+        if self.with_is:  # sampler/trainer mismatch: mean weight, fraction capped
+            mean, capped = [0.0, 0.0] if self.is_sums is None else self.is_sums.tolist()
+            out["sampler/is_weight_mean"] = mean / max(steps, 1.0)
+            out["sampler/is_frac_capped"] = capped / max(steps, 1.0)
+        return out, steps
+
+
+@dataclass
+class UpdateParts:
+    """What an update is made of (the trainer builds them once).
+
+    ``exact_entropy``: what to ask ``evaluate_actions`` for (see `grpo.policy_base`);
+    ``sampler_is_cap``: the truncated importance-weight cap of a sampler/trainer mismatch, or None;
+    ``adaptive_lr``: the learning-rate controller of ``GRPOConfig.adaptive_lr_kl``, or None.
+    """
+
+    policy: PolicyModel
+    objective: GRPOObjective
+    plan: UpdatePlan
+    backend: Backend
+    guard: UpdateGuard
+    params: Sequence[Tensor]
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    device: torch.device
+    exact_entropy: EntropyRequest
+    sampler_is_cap: float | None
+    adaptive_lr: AdaptiveLR | None = None
+
+
+def run_update(
+    parts: UpdateParts,
+    batch: ExperienceBatch,
+    advantages: Tensor,
+    keep: Tensor | None,
+    decisions: UpdateDecisions,
+    step: int,
+) -> tuple[dict[str, float], float]:
+    """Optimise the policy on ``batch`` with ``advantages`` (N,) or (N, T) and loss rows ``keep``
+    (N,) bool (None = all). Returns the update's metrics and its number of valid steps."""
+    plan, backend = parts.plan, parts.backend
+    backend.check_same_optimizer_steps(batch.num_groups, plan.mini_batch_size)
+    set_training_mode(parts.policy, True)
+    mode = plan.normaliser_mode(batch.mask is not None)
+    stats = UpdateStatistics(with_is=parts.sampler_is_cap is not None)
+    old = batch.old_log_probs
+    first_epoch: list[Tensor] | None = [] if old is None and decisions.needs_old else None
+    multi = plan.num_epochs * decisions.steps_per_epoch > 1
+    with parts.guard.protect(
+        backend, parts.params, parts.optimizer, parts.scheduler, multi_step=multi, step=step,
+        policy=parts.policy,
+    ) as guard:  # fmt: skip
+        for opt_step in plan.optimizer_steps(batch.num_groups, batch.group_size, batch.group_ids):
+            result = _optimizer_step(parts, batch, advantages, keep, old, opt_step, mode, stats, first_epoch)
+            if first_epoch is not None:  # the first epoch's forwards are the behaviour log-probs
+                old = first_epoch[0] if len(first_epoch) == 1 else torch.cat(first_epoch)
+                first_epoch = None
+            stats.add_step(result)
+            if not guard.accept(result):
+                break
+        else:  # every optimizer step was applied
+            guard.check_weights()
+    stats.non_finite_steps = parts.guard.non_finite_steps
+    out, steps = stats.finish()
+    out["optim/update_ratio"] = parts.guard.update_ratio  # ||theta' - theta|| / ||theta|| (grpo.update.guard)
+    if parts.adaptive_lr is not None:
+        out["optim/adaptive_lr"] = parts.adaptive_lr.lr
+    return out, steps
+
+
+def _optimizer_step(
+    parts: UpdateParts,
+    batch: ExperienceBatch,
+    advantages: Tensor,
+    keep: Tensor | None,
+    old: Tensor | None,
+    opt_step: OptimizerStep,
+    mode: NormaliserMode,
+    stats: UpdateStatistics,
+    first_epoch: list[Tensor] | None,
+) -> OptimizerStepResult:
+    """Zero grad, the micro-batches' forwards and backwards, the optimizer step."""
+    backend, objective = parts.backend, parts.objective
+    z: Tensor | None = None
+    if mode == "known":
+        assert batch.mask is not None
+        z = global_normaliser(
+            backend, objective, _loss_mask(select_rows(batch.mask, opt_step.rows), keep, opt_step.rows)
+        )
+    backend.zero_grad()
+    counts: Tensor | None = None  # "deferred": the raw counts of the step's micro-batches
+    step_stats: Tensor | None = None
+    check_grads = stats.optimizer_steps == 0  # the update's first backward
+    for mb in opt_step.micro_batches:
+        lp = _log_probs(parts, batch, mb, check_inf=first_epoch is not None)
+        mask = _loss_mask(lp.mask, keep, mb.rows)
+        if mode == "from_forward":
+            z = global_normaliser(backend, objective, mask)
+        elif mode == "deferred":
+            raw = objective.count(mask)
+            counts = raw if counts is None else counts + raw
+        logp_old = (
+            lp.log_probs.detach()
+            if opt_step.on_policy
+            else _same_shape(old, mb, lp, "old log-probs recorded at collection", parts)
+        )
+        out = _objective(parts, batch, advantages, mb, lp, logp_old, mask, z, opt_step.on_policy, stats)
+        backend.backward(out.loss, last=mb.last)
+        if check_grads:
+            _check_gradients_reached(parts, out.loss)
+            check_grads = False
+        step_stats = out.stats if step_stats is None else step_stats + out.stats
+        stats.add_extremes(out.extremes)
+        if first_epoch is not None:
+            first_epoch.append(logp_old)
+    assert step_stats is not None
+    if counts is not None:  # the losses were sums: divide by the step's global count, clamped once
+        divisor = objective.normaliser_from_count(backend.global_sum(counts))
+        backend.rescale_gradients(divisor)
+        step_stats = ObjectiveOutput.rescale(step_stats, divisor)
+    stats.add_objective(step_stats)
+    if parts.adaptive_lr is not None and stats.optimizer_steps > 0:  # step 0 has not moved yet
+        parts.adaptive_lr.observe(backend.global_sum(step_stats[_KL_AND_COUNT]))  # grpo.update.adaptive_lr
+    return parts.guard.optimizer_step()
+
+
+def global_normaliser(backend: Backend, objective: GRPOObjective, mask: Tensor) -> Tensor:
+    """``Z`` from ``sum_r count_r``: the aggregation count of ``mask`` summed over processes and
+    clamped to >= 1 once (clamping per process or per micro-batch would add 1 for each empty one)."""
+    return objective.normaliser_from_count(backend.global_sum(objective.count(mask)))
+
+
+def _log_probs(parts: UpdateParts, batch: ExperienceBatch, mb: MicroBatch, *, check_inf: bool) -> LogProbs:
+    """The current policy's log-probs (+ entropy) of ``mb``'s actions: one forward, with grad.
+
+    ``check_inf``: reject +-inf as collection does (these log-probs become the behaviour
+    log-probs); otherwise a non-finite log-prob makes the loss non-finite and the guard undoes it.
+    """
+    lp = evaluate_log_probs(
+        parts.policy, batch, mb.rows, groups=mb.groups, with_entropy=parts.exact_entropy,
+        device=parts.device, check_inf=check_inf,
+    )  # fmt: skip
+    if not lp.log_probs.requires_grad:
+        raise ValueError(
+            f"{type(parts.policy).__name__} returned log-probs that do not require grad during "
+            f"the update, so nothing would learn. Compute them from the policy's parameters "
+            f"without torch.no_grad() / .detach() (the trainer disables grad itself during "
+            f"collection)."
+        )
+    return lp
+
+
+def _check_gradients_reached(parts: UpdateParts, loss: Tensor) -> None:
+    """After the update's first backward: raise if the loss has a graph but none of the
+    policy's trainable tensors received a gradient (log-probs that require grad without depending
+    on the parameters, e.g. ``torch.full(..., requires_grad=True)``): the optimizer step would
+    train nothing while its state and the LR schedule advance. Backends with ``local_weights``
+    only (their gradients are the tensors' ``.grad``, cleared to None before
+    the step); usually one attribute read (the first tensor has a gradient)."""
+    if not loss.requires_grad or not parts.backend.local_weights:
+        return
+    for p in parts.params:
+        if p.grad is not None:
+            return
+    parts.backend.zero_grad()
+    method = "evaluate_actions" if has_method(parts.policy, "evaluate_actions") else "get_log_probabilities"
+    raise ValueError(
+        f"{type(parts.policy).__name__}.{method} returned log-probs that require grad but do not "
+        f"depend on the policy's parameters: after the backward pass none of the {len(parts.params)} "
+        f"tensors from get_parameters() has a gradient, so nothing would learn while the optimizer "
+        f"state and the LR schedule advance (stopped before the optimizer step: nothing changed). "
+        f"Compute the log-probs from the parameters (e.g. "
+        f"log_softmax of the network's output), not from a new tensor such as torch.full(..., "
+        f"requires_grad=True), and return from get_parameters() the tensors they are computed from."
+    )
+
+
+def _objective(
+    parts: UpdateParts,
+    batch: ExperienceBatch,
+    advantages: Tensor,
+    mb: MicroBatch,
+    lp: LogProbs,
+    logp_old: Tensor,
+    mask: Tensor,
+    z: Tensor | None,
+    on_policy: bool,
+    stats: UpdateStatistics,
+) -> ObjectiveOutput:
+    """The objective of one micro-batch (with the sampler correction's weights when on)."""
+    logp = lp.log_probs
+    ref = select_rows(batch.ref_log_probs, mb.rows)
+    if ref is not None:
+        _check_shape(ref, logp, "reference log-probs", parts)
+    is_weights = None
+    if parts.sampler_is_cap is not None:
+        is_weights = _is_weights(parts, batch, mb, logp_old, logp, mask, stats)
+    return parts.objective(
+        logp, logp_old, select_rows(advantages, mb.rows), mask, 1.0 if z is None else z,
+        logp_ref=ref, entropy=lp.entropy, on_policy=on_policy, is_weights=is_weights,
+    )  # fmt: skip
+
+
+def _is_weights(
+    parts: UpdateParts,
+    batch: ExperienceBatch,
+    mb: MicroBatch,
+    old: Tensor,
+    logp: Tensor,
+    mask: Tensor,
+    stats: UpdateStatistics,
+) -> Tensor:
+    """Truncated importance weights ``min(exp(logp_old - logp_sampler), cap)`` (n, T) of a
+    sampler/trainer mismatch (``GRPOConfig.sampler_is_cap``), no gradient; their sums over valid
+    steps go to ``stats``."""
+    cap = parts.sampler_is_cap
+    assert cap is not None
+    sampler = select_rows(batch.sampler_log_probs, mb.rows)
+    if sampler is None:
+        raise ValueError(
+            "sampler_is_cap is set but this batch has no sampler_log_probs; build it with "
+            "trainer.collect(), which records them."
+        )
+    _check_shape(sampler, logp, "sampler log-probs", parts)
+    with torch.no_grad():
+        raw = torch.exp(old - sampler)
+        weights = raw.clamp(max=cap)
+        mf = mask.to(weights.dtype)
+        stats.add_is(torch.stack([(weights * mf).sum(), ((raw > cap) * mf).sum()]))
+    return weights
+
+
+def _loss_mask(mask: Tensor, keep: Tensor | None, rows: Tensor | None) -> Tensor:
+    """``mask`` without the rows of dropped zero-variance groups (``keep`` False)."""
+    if keep is None:
+        return mask
+    kept: Tensor = select_rows(keep.to(mask.device), rows)
+    return mask & kept.unsqueeze(-1)
+
+
+def _same_shape(old: Tensor | None, mb: MicroBatch, lp: LogProbs, what: str, parts: UpdateParts) -> Tensor:
+    if old is None:
+        raise RuntimeError(f"internal error: {what} were not recorded")  # pragma: no cover
+    rows: Tensor = select_rows(old, mb.rows)
+    _check_shape(rows, lp.log_probs, what, parts)
+    return rows
+
+
+def _check_shape(expected: Tensor, logp: Tensor, what: str, parts: UpdateParts) -> None:
+    if expected.shape != logp.shape:
+        raise ValueError(
+            f"{type(parts.policy).__name__} returned log-probs of shape {tuple(logp.shape)} during "
+            f"the update but {what} have shape {tuple(expected.shape)}; the number of steps T of "
+            f"an action must not change between calls."
+        )
