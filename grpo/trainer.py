@@ -103,7 +103,7 @@ class GRPOTrainer(TrainerStateMixin):
         reward = checked_inputs(config, policy, reward_model, reference_policy)
         self.config = config
         self.device, self.distributed = join_processes(config)  # distributed: None on one process
-        self._generator = torch.Generator().manual_seed(0 if config.seed is None else config.seed)
+        self.generator = torch.Generator().manual_seed(0 if config.seed is None else config.seed)
         self.policy: PolicyModel = _moved(policy, self.device)
         self.reward_model: RewardModel = _moved(reward, self.device)
 
@@ -137,7 +137,7 @@ class GRPOTrainer(TrainerStateMixin):
                 self._kl_in_reward or self.advantage_estimator.needs_mask or config.reward_shift_z is not None
             ),
             rescales_gradients=self.backend is None or self.backend.rescales_gradients,
-            generator=self._generator,
+            generator=self.generator,
         )
         self.collector = ExperienceCollector(
             self.policy, self.reward_model, config.group_size, self.device,
@@ -222,7 +222,7 @@ class GRPOTrainer(TrainerStateMixin):
         self._note_batch_size(states)
         with self._numerics():
             t0 = time.perf_counter()
-            self._check_lockstep(states)
+            self.check_lockstep(states)
             batch = self.collector.collect_for_update(  # 1. G actions, rewards, log-probs
                 states, generate_kwargs, record_old=self._record_old
             )
@@ -260,7 +260,7 @@ class GRPOTrainer(TrainerStateMixin):
             )
         with self._numerics():
             t0 = time.perf_counter()
-            self._check_lockstep(batch.states)
+            self.check_lockstep(batch.states)
             return self._learn(self._complete(batch), t0)
 
     def _learn(self, batch: ExperienceBatch, t0: float) -> dict[str, float]:
@@ -333,7 +333,7 @@ class GRPOTrainer(TrainerStateMixin):
         finally:
             restore_denormals(changed)
 
-    def _check_lockstep(self, states: Any) -> None:
+    def check_lockstep(self, states: Any) -> None:
         """ZeRO-3 on several processes: every forward all-gathers weights, so all ranks must run
         the same forwards; refuse different numbers of states before any of them (a clear error
         on every rank instead of a hang). A closed trainer refuses to step at all."""

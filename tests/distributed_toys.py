@@ -189,7 +189,7 @@ def train_state(trainer: GRPOTrainer) -> dict[str, Any]:
     return {
         "policy": {k: v.detach().clone() for k, v in trainer.policy.get_parameters().items()},
         "optimizer": trainer.optimizer.state_dict(),
-        "generator": trainer._generator.get_state(),
+        "generator": trainer.generator.get_state(),
         "step_count": trainer.step_count,
     }
 
@@ -200,7 +200,7 @@ def load_train_state(trainer: GRPOTrainer, state: dict[str, Any]) -> None:
         for k, p in trainer.policy.get_parameters().items():
             p.copy_(state["policy"][k])
     trainer.optimizer.load_state_dict(state["optimizer"])
-    trainer._generator.set_state(state["generator"])
+    trainer.generator.set_state(state["generator"])
     trainer.step_count = state["step_count"]
 
 

@@ -74,7 +74,7 @@ def test_roundtrip_restores_every_piece_of_state(tmp_path: Path) -> None:
     t1.unregistered.update(torch.randn(3))  # type: ignore[attr-defined]
     t1.non_finite_steps = 2
     t1.save_checkpoint(tmp_path)
-    rng = (torch.get_rng_state(), t1._generator.get_state())
+    rng = (torch.get_rng_state(), t1.generator.get_state())
 
     t2 = GRPOTrainer(make_config(), make_policy(seed=5), bandit_reward)
     t2.advantage_stats = RunningStats()  # type: ignore[attr-defined]
@@ -96,7 +96,7 @@ def test_roundtrip_restores_every_piece_of_state(tmp_path: Path) -> None:
     assert sampler2.count == 3
     assert torch.equal(sampler2.mean, sampler.mean)
     assert torch.equal(torch.get_rng_state(), rng[0])
-    assert torch.equal(t2._generator.get_state(), rng[1])
+    assert torch.equal(t2.generator.get_state(), rng[1])
     meta = json.loads((loaded / "state.json").read_text())
     assert meta["config"]["group_size"] == 4
     assert meta["step"] == 3

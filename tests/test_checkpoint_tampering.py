@@ -107,7 +107,7 @@ def fingerprint(t: GRPOTrainer) -> dict[str, Any]:
         "optimizer": copy.deepcopy(t.optimizer.state_dict()),
         "scheduler": copy.deepcopy(t.scheduler.state_dict()),
         "components": copy.deepcopy({k: v.state_dict() for k, v in t.stateful_components().items()}),
-        "generator": t._generator.get_state(),
+        "generator": t.generator.get_state(),
         "counters": (t.step_count, t.non_finite_steps),
         "rng": (random.getstate(), np.random.get_state(), torch.get_rng_state()),
     }
@@ -464,7 +464,7 @@ UNCHANGED_CASES: dict[str, tuple[Callable[[Path], None], str]] = {
         lambda c: edit_json(
             c,
             lambda m: tree(m)["rng"]["generators"].__setitem__(
-                "sampler", tree(m)["rng"]["generators"]["_generator"]
+                "sampler", tree(m)["rng"]["generators"]["generator"]
             ),
         ),
         r"state\.json: tree\.rng\.generators\.sampler: is the RNG state of a generator 'sampler' that the "

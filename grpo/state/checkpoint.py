@@ -102,7 +102,7 @@ _META_KEYS = frozenset(
 )  # fmt: skip
 _TREE_KEYS = frozenset({"optimizer", "scheduler", "rng", "components"})
 _RNG_KEYS = frozenset({"python", "numpy", "torch", "cuda", "generators"})
-_GENERATORS = frozenset({"_generator"})
+_GENERATORS = frozenset({"_generator"})  # the on-disk name (grpo 0.1's attribute)
 _ST_DTYPES = {
     "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
     "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool", "U16": "uint16",
@@ -1046,7 +1046,7 @@ def _bounds(trainer: Restorable) -> Bound:
     if isinstance(opt, torch.optim.Optimizer):
         sizes = [8 * p.numel() + 64 for g in opt.param_groups for p in g["params"]]
     rng_bytes = torch.get_rng_state().numel()
-    gen = getattr(trainer, "_generator", None)
+    gen = getattr(trainer, "generator", None)
     gen_bytes = gen.get_state().numel() if isinstance(gen, torch.Generator) else rng_bytes
 
     def bound(path: tuple[Any, ...]) -> int | None:

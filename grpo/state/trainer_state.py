@@ -95,6 +95,7 @@ class TrainerStateMixin:
     _generator: torch.Generator
     _checkpoint_components: dict[str, Any]
     _deepspeed: Any  # grpo.engine.deepspeed.DeepSpeedBackend | None
+    generator: torch.Generator
     backend: Any  # grpo.engine.backends.Backend | None
 
     def register_checkpoint_state(self, name: str, obj: Any) -> None:
@@ -142,7 +143,7 @@ class TrainerStateMixin:
             "reference_policy": None if ref is None else policy_state(ref, "reference_policy"),
             "optimizer": optimizer,
             "scheduler": scheduler,
-            "generator": self._generator.get_state(),
+            "generator": self.generator.get_state(),
             "components": {k: v.state_dict() for k, v in self.stateful_components().items()},
         }
 
@@ -178,7 +179,7 @@ class TrainerStateMixin:
                 stage = f"components[{name!r}] ({type(obj).__name__}.load_state_dict)"
                 obj.load_state_dict(state["components"][name])
             stage = "generator"
-            self._generator.set_state(state["generator"])
+            self.generator.set_state(state["generator"])
             self.step_count = int(state["step_count"])
             self.guard.non_finite_steps = int(state["non_finite_steps"])
         except BaseException as e:
@@ -200,7 +201,7 @@ class TrainerStateMixin:
         """The components, the generator and the counters (checked already)."""
         for k, obj in self.stateful_components().items():
             obj.load_state_dict(state["components"][k])
-        self._generator.set_state(state["generator"])
+        self.generator.set_state(state["generator"])
         self.step_count = int(state["step_count"])
         self.guard.non_finite_steps = int(state["non_finite_steps"])
 
@@ -298,7 +299,7 @@ class TrainerStateMixin:
                     f"{_short(v)} ({type(v).__name__})."
                 )
         g = state["generator"]
-        live_g = self._generator.get_state()
+        live_g = self.generator.get_state()
         if not isinstance(g, torch.Tensor) or g.dtype != torch.uint8 or g.shape != live_g.shape:
             raise CheckpointError(
                 f"{in_file(source, STATE_FILE)}: generator: must be a torch.Generator state (a uint8 tensor "
@@ -404,7 +405,7 @@ class TrainerStateMixin:
             "optimizer": opt_state,
             "scheduler": None if sched is None else copy.deepcopy(sched.state_dict()),
             "components": {k: copy.deepcopy(v.state_dict()) for k, v in self.stateful_components().items()},
-            "generator": self._generator.get_state(),
+            "generator": self.generator.get_state(),
             "counters": (self.step_count, self.guard.non_finite_steps),
         }
 
@@ -436,7 +437,7 @@ class TrainerStateMixin:
                 f"components[{name!r}]",
                 lambda obj=obj, name=name: obj.load_state_dict(undo["components"][name]),
             )
-        self._generator.set_state(undo["generator"])
+        self.generator.set_state(undo["generator"])
         self.step_count, self.guard.non_finite_steps = undo["counters"]
         return failed
 

@@ -108,7 +108,7 @@ class TrainerLike(Protocol):
         """One GRPO step on a batch of states; returns its metrics."""
         ...
 
-    def _check_lockstep(self, states: Any) -> None:
+    def check_lockstep(self, states: Any) -> None:
         """Raise on every rank when the ranks would run different forwards (DeepSpeed ZeRO-3)."""
         ...
 

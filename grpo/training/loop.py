@@ -465,7 +465,7 @@ def evaluate(
         **generate_kwargs: passed to ``policy.generate_actions``.
     """
     t0 = time.perf_counter()
-    trainer._check_lockstep(states)  # ZeRO-3: all ranks must run the same forwards
+    trainer.check_lockstep(states)  # ZeRO-3: all ranks must run the same forwards
     cfg = trainer.config
     drop_groups = cfg.invalid_rewards == "drop_groups"
     collector = _EvalCollector(
