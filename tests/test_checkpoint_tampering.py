@@ -464,7 +464,7 @@ UNCHANGED_CASES: dict[str, tuple[Callable[[Path], None], str]] = {
         lambda c: edit_json(
             c,
             lambda m: tree(m)["rng"]["generators"].__setitem__(
-                "sampler", tree(m)["rng"]["generators"]["generator"]
+                "sampler", tree(m)["rng"]["generators"]["_generator"]
             ),
         ),
         r"state\.json: tree\.rng\.generators\.sampler: is the RNG state of a generator 'sampler' that the "
