@@ -29,7 +29,8 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-import grpo.state.checkpoint as ckpt_mod
+import grpo.state.checkpoint.codec as codec_mod
+import grpo.state.checkpoint.meta as meta_mod
 from grpo import GRPOConfig, GRPOTrainer
 from grpo.state.checkpoint import PATH_FIELDS, CheckpointError, find_latest_checkpoint
 from tests.reliability_toys import StateDictPolicy, bandit_reward, make_policy, make_trainer, train_step
@@ -586,14 +587,15 @@ class TestAllocation:
     ) -> None:
         edit_tensors(ckpt, lambda ts: ts.__setitem__(OPT0 + "exp_avg_sq", torch.zeros(1000, 1000)))
         read: list[str] = []
-        real = ckpt_mod._get_tensor
-        monkeypatch.setattr(ckpt_mod, "_get_tensor", lambda f, k, file: read.append(k) or real(f, k, file))
+        real = codec_mod.get_tensor  # every tensor of a checkpoint is read through it
+        monkeypatch.setattr(codec_mod, "get_tensor", lambda f, k, file: read.append(k) or real(f, k, file))
         refused(
             target(),
             ckpt,
             r"state\.safetensors: tree\.optimizer\.state\.0\.exp_avg_sq: is a float32 tensor of shape "
             r"\(1000, 1000\) \(4000000 bytes\); this trainer holds at most 320 bytes there",
         )
+        assert read  # the spy sees reads: the policy's weights are read before the state's tensors
         assert OPT0 + "exp_avg_sq" not in read
 
     def test_a_header_claiming_a_huge_tensor_is_refused(self, ckpt: Path) -> None:
@@ -604,7 +606,7 @@ class TestAllocation:
         refused(target(), ckpt, r"state\.safetensors is not a valid safetensors file")
 
     def test_an_oversized_state_json_is_not_read(self, ckpt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(ckpt_mod, "MAX_STATE_JSON_BYTES", 1000)
+        monkeypatch.setattr(meta_mod, "MAX_STATE_JSON_BYTES", 1000)
         refused(target(), ckpt, r"state\.json has \d+ bytes, more than the 1000 grpo reads")
 
 

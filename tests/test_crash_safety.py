@@ -24,7 +24,7 @@ from typing import IO
 
 import pytest
 
-from grpo.state.checkpoint import _manifest_problem, find_latest_checkpoint, list_checkpoints
+from grpo.state.checkpoint import find_latest_checkpoint, list_checkpoints, manifest_problem
 from tests.reliability_toys import resume
 
 TOYS = Path(__file__).parent / "reliability_toys.py"
@@ -91,7 +91,7 @@ def test_sigkill_at_random_moments_never_leaves_a_half_written_checkpoint(tmp_pa
 
             # no step-* directory is ever incomplete, and the newest one loads
             for path in list_checkpoints(ckpt):
-                assert _manifest_problem(path) is None, path
+                assert manifest_problem(path) is None, path
             latest = find_latest_checkpoint(ckpt)
             if latest is None:
                 assert not confirmed

@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from grpo.state.checkpoint import STATE_FILE, STATE_JSON, _kind, _short
+from grpo.state.checkpoint.errors import kind, short
+from grpo.state.checkpoint.layout import STATE_FILE, STATE_JSON
 
 
 def weights_problem(current: Mapping[str, Any], given: Any) -> str | None:
@@ -65,13 +66,13 @@ def tensors_problem(live: Mapping[str, torch.Tensor], given: Any, role: str) -> 
     missing, extra = sorted(set(live) - set(given)), sorted(map(str, set(given) - set(live)))
     if missing or extra:
         return role, (
-            f"the {role} has {missing[:5]} that the state lacks and the state has {_short(extra[:5], 200)} "
+            f"the {role} has {missing[:5]} that the state lacks and the state has {short(extra[:5], 200)} "
             f"that the {role} lacks; build the {role} like the run that saved it"
         )
     for k, cur in live.items():
         v = given[k]
         if not isinstance(v, torch.Tensor) or v.shape != cur.shape or v.dtype != cur.dtype:
-            return f"{role}[{k!r}]", f"is {_kind(v)}; the {role}'s is {_kind(cur)}"
+            return f"{role}[{k!r}]", f"is {kind(v)}; the {role}'s is {kind(cur)}"
         if (v.is_floating_point() or v.is_complex()) and bool(torch.isnan(v).any()):
             return f"{role}[{k!r}]", "holds NaN"
     return None
@@ -82,7 +83,7 @@ def same_kind(v: Any, live: Any) -> str | None:
     and dtypes; finite numbers where ``live`` has a float), or None."""
     if isinstance(live, (list, tuple)):
         if not isinstance(v, (list, tuple)) or len(v) != len(live):
-            return f"is {_short(v)}; expected {len(live)} items like {_short(live)}"
+            return f"is {short(v)}; expected {len(live)} items like {short(live)}"
         for i, (x, y) in enumerate(zip(v, live, strict=True)):
             problem = same_kind(x, y)
             if problem is not None:
@@ -91,7 +92,7 @@ def same_kind(v: Any, live: Any) -> str | None:
     if isinstance(live, Mapping):
         if not isinstance(v, Mapping) or set(v) != set(live):
             keys = sorted(map(str, v)) if isinstance(v, Mapping) else type(v).__name__
-            return f"has the keys {_short(keys)}; expected {_short(sorted(map(str, live)))}"
+            return f"has the keys {short(keys)}; expected {short(sorted(map(str, live)))}"
         for k in live:
             problem = same_kind(v[k], live[k])
             if problem is not None:
@@ -113,7 +114,7 @@ def same_kind(v: Any, live: Any) -> str | None:
             ok = bool(torch.isfinite(v).all())
     else:
         ok = type(v) is type(live)
-    return None if ok else f"is {_kind(v)}; expected {_kind(live)}"
+    return None if ok else f"is {kind(v)}; expected {kind(live)}"
 
 
 def hyper_problem(key: str, v: Any, live: Any) -> str | None:
@@ -122,32 +123,30 @@ def hyper_problem(key: str, v: Any, live: Any) -> str | None:
     implementation flags a bool or None, other flags and names equal to the live ones."""
     if isinstance(live, bool) or live is None or isinstance(live, str):
         if key in _IMPLEMENTATION_FLAGS:
-            return (
-                None if v is None or isinstance(v, bool) else f"is {_kind(v)}; expected true, false or null"
-            )
+            return None if v is None or isinstance(v, bool) else f"is {kind(v)}; expected true, false or null"
         if type(v) is not type(live) or v != live:
-            return f"is {_short(v)}; this optimizer's is {live!r}: build it like the run that saved it"
+            return f"is {short(v)}; this optimizer's is {live!r}: build it like the run that saved it"
         return None
     if isinstance(live, (int, float)):
         if not is_number(v):
-            return f"is {_kind(v)}; expected a finite number"
+            return f"is {kind(v)}; expected a finite number"
         return f"is {v}; expected a number >= 0" if key in _NON_NEGATIVE and v < 0 else None
     if isinstance(live, (list, tuple)):
         if not isinstance(v, (list, tuple)) or len(v) != len(live):
-            return f"is {_short(v)}; this optimizer's is {_short(live)}"
+            return f"is {short(v)}; this optimizer's is {short(live)}"
         for i, (x, y) in enumerate(zip(v, live, strict=True)):
             problem = hyper_problem(key, x, y)
             if problem is not None:
                 return f"item {i} {problem}"
         if key == "betas" and not all(0 <= x < 1 for x in v):
-            return f"is {_short(v)}; betas are in [0, 1)"
+            return f"is {short(v)}; betas are in [0, 1)"
         return None
     return same_kind(v, live)
 
 
 def like_param(v: Any, p: torch.Tensor, nonnegative: bool) -> str | None:
     if not isinstance(v, torch.Tensor) or v.shape != p.shape or v.dtype != p.dtype:
-        return f"is {_kind(v)}; expected a tensor like its parameter, {_kind(p.detach())}"
+        return f"is {kind(v)}; expected a tensor like its parameter, {kind(p.detach())}"
     if (v.is_floating_point() or v.is_complex()) and not bool(torch.isfinite(v).all()):
         return "holds NaN or inf"
     if nonnegative and bool((v < 0).any()):
@@ -163,12 +162,12 @@ def param_state_problem(
     if isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
         want = {"step", "exp_avg", "exp_avg_sq"} | ({"max_exp_avg_sq"} if group.get("amsgrad") else set())
         if set(s) != want:
-            return STATE_JSON, "", f"has the keys {_short(sorted(map(str, s)))}; {name} keeps {sorted(want)}"
+            return STATE_JSON, "", f"has the keys {short(sorted(map(str, s)))}; {name} keeps {sorted(want)}"
         for k in sorted(want):
             v = s[k]
             if k == "step":
                 if not (isinstance(v, torch.Tensor) and v.dim() == 0 and v.is_floating_point()):
-                    return STATE_FILE, k, f"is {_kind(v)}; expected a 0-d floating-point tensor"
+                    return STATE_FILE, k, f"is {kind(v)}; expected a 0-d floating-point tensor"
                 if not (math.isfinite(float(v)) and float(v) >= 0):
                     return STATE_FILE, k, f"is {float(v)}; expected a finite count >= 0"
                 continue
@@ -181,7 +180,7 @@ def param_state_problem(
             return (
                 STATE_JSON,
                 "",
-                f"has the keys {_short(sorted(map(str, s)))}; SGD keeps ['momentum_buffer']",
+                f"has the keys {short(sorted(map(str, s)))}; SGD keeps ['momentum_buffer']",
             )
         buf = s.get("momentum_buffer")
         problem = None if buf is None else like_param(buf, p, nonnegative=False)
@@ -189,7 +188,7 @@ def param_state_problem(
     live = opt.state.get(p)
     if live:  # another optimizer that has state for this parameter: the same structure
         if set(s) != set(live):
-            return STATE_JSON, "", f"has the keys {_short(sorted(map(str, s)))}; {name} keeps {sorted(live)}"
+            return STATE_JSON, "", f"has the keys {short(sorted(map(str, s)))}; {name} keeps {sorted(live)}"
         for k, v in s.items():
             problem = same_kind(v, live[k])
             if problem is not None:
@@ -204,7 +203,7 @@ def param_state_problem(
                 problem = like_param(v, p, nonnegative=False)
         else:
             ok = v is None or isinstance(v, bool) or is_number(v)
-            problem = None if ok else f"is {_kind(v)}; expected a tensor, a finite number or null"
+            problem = None if ok else f"is {kind(v)}; expected a tensor, a finite number or null"
         if problem is not None:
             return STATE_FILE, str(k), problem
     return None
@@ -220,9 +219,26 @@ def optimizer_problem(opt: torch.optim.Optimizer, saved: Any) -> tuple[str, str,
         return (
             STATE_JSON,
             "optimizer",
-            f"has the keys {_short(keys)}; torch's optimizer state has {sorted(live)}",
+            f"has the keys {short(keys)}; torch's optimizer state has {sorted(live)}",
         )
     groups, live_groups = saved["param_groups"], live["param_groups"]
+    problem = param_groups_problem(opt, groups, live_groups)
+    if problem is not None:
+        return problem
+    params = {
+        pid: (p, g)
+        for g, lg, pg in zip(groups, live_groups, opt.param_groups, strict=True)
+        for pid, p in zip(lg["params"], pg["params"], strict=True)
+    }
+    return optimizer_state_problem(opt, saved["state"], params)
+
+
+def param_groups_problem(
+    opt: torch.optim.Optimizer, groups: Any, live_groups: list[dict[str, Any]]
+) -> tuple[str, str, str] | None:
+    """(file, field, problem) if the saved ``groups`` are not ``opt``'s ``live_groups`` (its
+    ``state_dict()``'s): as many groups, each with the same keys and parameter ids, and
+    hyper-parameters that fit (`hyper_problem`)."""
     if not isinstance(groups, (list, tuple)) or len(groups) != len(live_groups):
         n = len(groups) if isinstance(groups, (list, tuple)) else type(groups).__name__
         return (
@@ -230,12 +246,11 @@ def optimizer_problem(opt: torch.optim.Optimizer, saved: Any) -> tuple[str, str,
             "optimizer.param_groups",
             (f"holds {n} groups; the optimizer ({type(opt).__name__}) has {len(live_groups)}"),
         )
-    params: dict[int, tuple[torch.Tensor, Mapping[str, Any]]] = {}
-    for i, (g, lg, pg) in enumerate(zip(groups, live_groups, opt.param_groups, strict=True)):
+    for i, (g, lg) in enumerate(zip(groups, live_groups, strict=True)):
         field = f"optimizer.param_groups[{i}]"
         if not isinstance(g, Mapping) or set(g) != set(lg):
             keys = sorted(map(str, g)) if isinstance(g, Mapping) else type(g).__name__
-            return STATE_JSON, field, f"has the keys {_short(keys)}; the optimizer's group has {sorted(lg)}"
+            return STATE_JSON, field, f"has the keys {short(keys)}; the optimizer's group has {sorted(lg)}"
         ids = g["params"]
         if (
             not isinstance(ids, (list, tuple))
@@ -246,8 +261,8 @@ def optimizer_problem(opt: torch.optim.Optimizer, saved: Any) -> tuple[str, str,
                 STATE_JSON,
                 f"{field}.params",
                 (
-                    f"names the parameters {_short(ids)}; the optimizer's group holds "
-                    f"{_short(lg['params'])}: "
+                    f"names the parameters {short(ids)}; the optimizer's group holds "
+                    f"{short(lg['params'])}: "
                     f"build the optimizer over the same parameters, in the same order"
                 ),
             )
@@ -256,9 +271,15 @@ def optimizer_problem(opt: torch.optim.Optimizer, saved: Any) -> tuple[str, str,
                 problem = hyper_problem(k, v, lg[k])
                 if problem is not None:
                     return STATE_JSON, f"{field}.{k}", problem
-        for pid, p in zip(lg["params"], pg["params"], strict=True):
-            params[pid] = (p, g)
-    state = saved["state"]
+    return None
+
+
+def optimizer_state_problem(
+    opt: torch.optim.Optimizer, state: Any, params: Mapping[int, tuple[torch.Tensor, Mapping[str, Any]]]
+) -> tuple[str, str, str] | None:
+    """(file, field, problem) if the saved ``state`` (parameter id -> state) does not fit ``params``
+    (id -> the parameter and its saved group): known ids, each state fitting its parameter
+    (`param_state_problem`), no two tensors sharing memory."""
     if not isinstance(state, Mapping):
         return (
             STATE_JSON,
@@ -275,7 +296,7 @@ def optimizer_problem(opt: torch.optim.Optimizer, saved: Any) -> tuple[str, str,
                 f"is state for a parameter the optimizer does not have (ids 0..{len(params) - 1})",
             )
         if not isinstance(s, Mapping):
-            return STATE_JSON, field, f"is {_kind(s)}; expected a mapping"
+            return STATE_JSON, field, f"is {kind(s)}; expected a mapping"
         p, group = params[pid]
         found = param_state_problem(opt, group, p, s)
         if found is not None:
@@ -302,7 +323,7 @@ def scheduler_problem(sched: Any, saved: Any) -> tuple[str, str] | None:
     if not isinstance(saved, Mapping) or set(saved) != set(live):
         keys = sorted(map(str, saved)) if isinstance(saved, Mapping) else type(saved).__name__
         return "scheduler", (
-            f"has the keys {_short(keys)}; {type(sched).__name__}'s state has {sorted(live)} (each key "
+            f"has the keys {short(keys)}; {type(sched).__name__}'s state has {sorted(live)} (each key "
             f"becomes an attribute of the scheduler)"
         )
     for k, v in saved.items():
@@ -318,7 +339,7 @@ def scheduler_problem(sched: Any, saved: Any) -> tuple[str, str] | None:
         return "scheduler._step_count", f"is {saved['_step_count']}; expected >= 0"
     for k in ("base_lrs", "_last_lr"):
         if isinstance(saved.get(k), (list, tuple)) and any(is_number(x) and x < 0 for x in saved[k]):
-            return f"scheduler.{k}", f"is {_short(saved[k])}; learning rates are >= 0"
+            return f"scheduler.{k}", f"is {short(saved[k])}; learning rates are >= 0"
     return None
 
 
@@ -326,7 +347,7 @@ def lambdas_problem(sched: Any, v: Any, live: Any) -> str | None:
     from grpo.engine.lr_schedules import LRSchedule
 
     if not isinstance(v, (list, tuple)) or len(v) != len(live):
-        return f"is {_short(v)}; expected {len(live)} entries"
+        return f"is {short(v)}; expected {len(live)} entries"
     for i, (entry, live_entry, fn) in enumerate(zip(v, live, sched.lr_lambdas, strict=True)):
         if not isinstance(fn, LRSchedule):
             problem = same_kind(entry, live_entry)
@@ -335,7 +356,7 @@ def lambdas_problem(sched: Any, v: Any, live: Any) -> str | None:
             continue
         # checkpoints from before the adaptive learning rate have no "scale" (it stays 1)
         if not isinstance(entry, Mapping) or set(entry) not in (set(live_entry), set(live_entry) - {"scale"}):
-            return f"entry {i} is {_short(entry)}; expected the fields {sorted(live_entry)} of an LRSchedule"
+            return f"entry {i} is {short(entry)}; expected the fields {sorted(live_entry)} of an LRSchedule"
         name, warmup, total, floor = (
             entry[k] for k in ("name", "warmup_steps", "total_steps", "lr_min_ratio")
         )
@@ -349,7 +370,7 @@ def lambdas_problem(sched: Any, v: Any, live: Any) -> str | None:
             and 0 <= floor <= 1
             and is_number(scale)
         ):
-            return f"entry {i} is {_short(entry)}; not the fields of an LRSchedule"
+            return f"entry {i} is {short(entry)}; not the fields of an LRSchedule"
         try:
             LRSchedule(name, warmup, total, floor, scale)  # type: ignore[arg-type]
         except ValueError as e:
@@ -367,12 +388,12 @@ def running_stats_problem(state: Any) -> str | None:
     for key, v in state.items():
         name, _, field = key.rpartition(".") if isinstance(key, str) else ("", "", "")
         if not name or field not in fields:
-            return f"[{_short(key)}]: is not '<stream>.<count|mean|m2>'"
+            return f"[{short(key)}]: is not '<stream>.<count|mean|m2>'"
         scalar = isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_complex()
         if scalar or is_number(v):
             x = float(v)
         else:
-            return f"[{key!r}]: is {_kind(v)}; expected a number (a 1-element tensor)"
+            return f"[{key!r}]: is {kind(v)}; expected a number (a 1-element tensor)"
         if not math.isfinite(x) or (field != "mean" and x < 0):
             return f"[{key!r}]: is {x}; expected a finite number" + (" >= 0" if field != "mean" else "")
         streams.setdefault(name, set()).add(field)
