@@ -106,3 +106,20 @@ def test_warns_when_monitor_never_logged() -> None:
 def test_validation(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         EarlyStopping("m", **kwargs)  # type: ignore[arg-type]
+
+
+def test_trainer_has_every_member_of_trainer_like() -> None:
+    """The loop uses a trainer only through `TrainerLike`: `GRPOTrainer` has each of its members,
+    each documented in the Protocol."""
+    import inspect
+
+    from grpo.training.callbacks import TrainerLike
+
+    members = [n for n, v in vars(TrainerLike).items() if not n.startswith("_") and inspect.getdoc(v)]
+    assert {"stateful_components", "deepspeed_stage", "step_threads", "check_lockstep"} <= set(members)
+    assert {"save_checkpoint", "load_checkpoint", "step", "config", "step_count"} <= set(members)
+    trainer = make_trainer()
+    for name in members:
+        assert hasattr(trainer, name), name
+    assert isinstance(trainer.stateful_components(), dict)
+    assert trainer.deepspeed_stage is None

@@ -17,7 +17,6 @@ import pytest
 import torch
 from torch import Tensor
 
-from grpo import GRPOTrainer
 from grpo.metrics.sinks import JSONLSink, read_jsonl
 from grpo.rollout.reward_guard import RewardTimeoutError
 from grpo.training.callbacks import Callback
@@ -407,16 +406,6 @@ def test_checkpoint_freq_needs_a_directory() -> None:
     trainer = make_trainer(checkpoint_freq=2)
     with pytest.raises(ValueError, match=r"checkpoint_freq=2 but train\(\) got no checkpoint_dir"):
         trainer.train(bandit_states(4), num_steps=2, progress=False)
-
-
-@pytest.mark.skipif(hasattr(GRPOTrainer, "load_checkpoint"), reason="checkpoints are available")
-def test_checkpoint_arguments_without_checkpoint_support(tmp_path: Path) -> None:
-    trainer = make_trainer()
-    with pytest.raises(RuntimeError, match=r"resume_from needs GRPOTrainer.load_checkpoint\(\)"):
-        trainer.train(bandit_states(4), num_steps=2, resume_from=tmp_path, progress=False)
-    with pytest.raises(RuntimeError, match=r"checkpoint_dir needs GRPOTrainer.save_checkpoint\(\)"):
-        trainer.train(bandit_states(4), num_steps=2, checkpoint_dir=tmp_path, progress=False)
-    assert trainer.step_count == 0
 
 
 # ---- progress and summary ------------------------------------------------------------------

@@ -63,44 +63,13 @@ def plot_history(
     Returns:
         The ``matplotlib.figure.Figure`` (2 x 3 panels).
     """
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as e:
-        raise ImportError(
-            f"grpo.metrics.plotting needs matplotlib, which is not installed: {install_hint('notebook')}"
-        ) from e
-    if isinstance(history, (str, os.PathLike)):
-        if title is None:
-            title = Path(history).name
-        records: Sequence[Mapping[str, float]] = read_jsonl(history)
-    else:
-        records = history
-    if len(records) == 0:
-        raise ValueError("plot_history got an empty history; run at least one step before plotting.")
-
-    fig = Figure(figsize=(15, 8), layout="constrained")
-    FigureCanvasAgg(fig)
+    figure_type, canvas_type = _matplotlib()
+    records, title = _records(history, title)
+    fig = figure_type(figsize=(15, 8), layout="constrained")
+    canvas_type(fig)
     axes = fig.subplots(2, 3, sharex=True)
     ax_r, ax_kl, ax_ent, ax_clip, ax_grad, ax_lr = axes.flatten()
-
-    steps, mean = _series(records, "reward/mean")
-    if steps:
-        ax_r.plot(steps, mean, color="C0", label="reward/mean")
-        s_std, std = _series(records, "reward/std")
-        if s_std == steps:
-            lo = [m - s for m, s in zip(mean, std, strict=True)]
-            hi = [m + s for m, s in zip(mean, std, strict=True)]
-            ax_r.fill_between(steps, lo, hi, color="C0", alpha=0.25, label="± reward/std")
-        s_min, rmin = _series(records, "reward/min")
-        s_max, rmax = _series(records, "reward/max")
-        if s_min == steps and s_max == steps:
-            ax_r.fill_between(steps, rmin, rmax, color="C0", alpha=0.08, label="reward/min..max")
-    s_eval, ev = _series(records, "eval/reward/mean")
-    if s_eval:
-        ax_r.plot(s_eval, ev, "o-", color="C3", markersize=4, label="eval/reward/mean")
-    _finish(ax_r, "reward", bool(steps or s_eval))
-
+    _reward_panel(ax_r, records)
     _lines(ax_kl, records, ["kl/ref", "kl/old"], "KL", skip_zero=("kl/old",))
     _lines(ax_ent, records, ["policy/entropy"], "entropy")
     _lines(ax_clip, records, ["clip/frac_low", "clip/frac_high"], "clip fraction")
@@ -115,6 +84,52 @@ def plot_history(
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, format="png", dpi=dpi)
     return fig
+
+
+def _matplotlib() -> tuple[Any, Any]:
+    """matplotlib's ``Figure`` and Agg canvas classes; an `ImportError` naming the extra without it."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as e:
+        raise ImportError(
+            f"grpo.metrics.plotting needs matplotlib, which is not installed: {install_hint('notebook')}"
+        ) from e
+    return Figure, FigureCanvasAgg
+
+
+def _records(history: History, title: str | None) -> tuple[Sequence[Mapping[str, float]], str | None]:
+    """The records of ``history`` (read from a JSONL file when it is a path) and the title (a
+    file's name by default); a `ValueError` when there is none."""
+    if isinstance(history, (str, os.PathLike)):
+        if title is None:
+            title = Path(history).name
+        records: Sequence[Mapping[str, float]] = read_jsonl(history)
+    else:
+        records = history
+    if len(records) == 0:
+        raise ValueError("plot_history got an empty history; run at least one step before plotting.")
+    return records, title
+
+
+def _reward_panel(ax: Any, records: Sequence[Mapping[str, float]]) -> None:
+    """``reward/mean`` with its ``reward/std`` and ``reward/min..max`` bands, and the evaluations."""
+    steps, mean = _series(records, "reward/mean")
+    if steps:
+        ax.plot(steps, mean, color="C0", label="reward/mean")
+        s_std, std = _series(records, "reward/std")
+        if s_std == steps:
+            lo = [m - s for m, s in zip(mean, std, strict=True)]
+            hi = [m + s for m, s in zip(mean, std, strict=True)]
+            ax.fill_between(steps, lo, hi, color="C0", alpha=0.25, label="± reward/std")
+        s_min, rmin = _series(records, "reward/min")
+        s_max, rmax = _series(records, "reward/max")
+        if s_min == steps and s_max == steps:
+            ax.fill_between(steps, rmin, rmax, color="C0", alpha=0.08, label="reward/min..max")
+    s_eval, ev = _series(records, "eval/reward/mean")
+    if s_eval:
+        ax.plot(s_eval, ev, "o-", color="C3", markersize=4, label="eval/reward/mean")
+    _finish(ax, "reward", bool(steps or s_eval))
 
 
 def _lines(

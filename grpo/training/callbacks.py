@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -54,9 +55,9 @@ HOOKS: tuple[str, ...] = (
 class TrainerLike(Protocol):
     """What the training loop and its callbacks use of a trainer (`grpo.GRPOTrainer` is one).
 
-    A structural type: any object with these members is accepted. Callbacks that need more of the
-    trainer (``save_checkpoint``, ``reference_policy``, ...) use it as the `grpo.GRPOTrainer` it
-    is.
+    A structural type: any object with these members is accepted; the loop uses no other member
+    of the trainer. Callbacks that need more of it (``reference_policy``, ...) use it as the
+    `grpo.GRPOTrainer` it is.
     """
 
     @property
@@ -104,12 +105,38 @@ class TrainerLike(Protocol):
         """Steps done so far."""
         ...
 
+    @property
+    def deepspeed_stage(self) -> int | None:
+        """The DeepSpeed ZeRO stage (1, 2 or 3) when DeepSpeed runs the update, else None (the loop
+        refuses checkpoints under DeepSpeed)."""
+        ...
+
+    @property
+    def step_threads(self) -> int | None:
+        """The intra-op threads a step runs with (None: torch's own setting); evaluations in the
+        loop run with them too."""
+        ...
+
     def step(self, states: Any) -> dict[str, float]:
         """One GRPO step on a batch of states; returns its metrics."""
         ...
 
     def check_lockstep(self, states: Any) -> None:
         """Raise on every rank when the ranks would run different forwards (DeepSpeed ZeRO-3)."""
+        ...
+
+    def stateful_components(self) -> dict[str, Any]:
+        """The objects whose state is saved in checkpoints besides the models (those given to
+        ``register_checkpoint_state``); a states source among them restores its own position."""
+        ...
+
+    def save_checkpoint(self, directory: str | os.PathLike[str]) -> Path:
+        """Save everything needed to resume exactly under ``directory``; returns the checkpoint's path."""
+        ...
+
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> Path:
+        """Restore the trainer from the checkpoint at ``path`` (or the newest under it); returns the
+        checkpoint loaded."""
         ...
 
 
