@@ -558,88 +558,120 @@ class GRPOConfig:
         return cls(**values)
 
     def __post_init__(self) -> None:
-        def bad(name: str, allowed: str, extra: str = "") -> ValueError:
-            return ValueError(f"GRPOConfig.{name}={getattr(self, name)!r} is not allowed: {allowed}.{extra}")
+        # the order of the checks is the order in which errors are reported
+        self._check_counts()
+        self._check_step_sizes()
+        self._check_loss_settings()
+        self._check_batch_division()
+        self._check_lr_schedule()
+        self._check_adaptive_lr()
+        self._check_reward_shift()
+        self._check_variants()
+        self._check_reliability()
+        self._check_parallelism()
 
-        def check_int(name: str, minimum: int, optional: bool = False) -> None:
-            v = getattr(self, name)
-            if v is None and optional:
-                return
-            if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-                raise bad(name, f"expected an integer >= {minimum}" + (" or None" if optional else ""))
+    # ---- validation helpers ---------------------------------------------------------------
+    def _bad(self, name: str, allowed: str, extra: str = "") -> ValueError:
+        return ValueError(f"GRPOConfig.{name}={getattr(self, name)!r} is not allowed: {allowed}.{extra}")
 
-        def check_float(
-            name: str, lo: float, lo_inclusive: bool, hi: float | None = None, *, finite: bool = False
-        ) -> None:
-            v = getattr(self, name)
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
-            if ok:
-                ok = (v >= lo if lo_inclusive else v > lo) and (hi is None or v < hi)
-                ok = ok and (not finite or math.isfinite(v))
-            if not ok:
-                rng = f"{'>=' if lo_inclusive else '>'} {lo}" + (f" and < {hi}" if hi else "")
-                raise bad(name, f"expected a {'finite ' if finite else ''}number {rng}", _example(name))
+    def _check_int(self, name: str, minimum: int, optional: bool = False) -> None:
+        v = getattr(self, name)
+        if v is None and optional:
+            return
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise self._bad(name, f"expected an integer >= {minimum}" + (" or None" if optional else ""))
 
+    def _check_float(
+        self, name: str, lo: float, lo_inclusive: bool, hi: float | None = None, *, finite: bool = False
+    ) -> None:
+        v = getattr(self, name)
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+        if ok:
+            ok = (v >= lo if lo_inclusive else v > lo) and (hi is None or v < hi)
+            ok = ok and (not finite or math.isfinite(v))
+        if not ok:
+            rng = f"{'>=' if lo_inclusive else '>'} {lo}" + (f" and < {hi}" if hi else "")
+            raise self._bad(name, f"expected a {'finite ' if finite else ''}number {rng}", _example(name))
+
+    def _check_bool(self, name: str) -> None:
+        if not isinstance(getattr(self, name), bool):
+            raise self._bad(name, "expected True or False")
+
+    def _check_choice(self, name: str, choices: tuple[str, ...]) -> None:
+        if getattr(self, name) not in choices:
+            raise self._bad(name, f"choose one of {choices}")
+
+    # ---- validation, by topic --------------------------------------------------------------
+    def _check_counts(self) -> None:
+        """group_size, the batch sizes, the update and checkpoint frequencies and the seed."""
         if isinstance(self.group_size, int) and not isinstance(self.group_size, bool) and self.group_size < 2:
-            raise bad(
+            raise self._bad(
                 "group_size",
                 "GRPO needs group_size >= 2",
                 " The advantage of an action is its reward relative to the other actions sampled "
                 "for the same state; a group of one has nothing to compare with (its advantage "
                 "would always be 0). Use group_size=2 or more (8 is typical).",
             )
-        check_int("group_size", 2)
-        check_int("batch_size", 1)
-        check_int("mini_batch_size", 1, optional=True)
-        check_int("num_mini_batches", 1, optional=True)
+        self._check_int("group_size", 2)
+        self._check_int("batch_size", 1)
+        self._check_int("mini_batch_size", 1, optional=True)
+        self._check_int("num_mini_batches", 1, optional=True)
         if self.mini_batch_size is not None and self.num_mini_batches is not None:
-            raise bad(
+            raise self._bad(
                 "num_mini_batches",
                 "set either mini_batch_size or num_mini_batches, not both",
                 f" mini_batch_size={self.mini_batch_size} is set; pass num_mini_batches=None.",
             )
-        check_int("micro_batch_size", 1, optional=True)
-        check_int("num_epochs_per_update", 1)
-        check_int("reference_update_freq", 1, optional=True)
-        check_int("checkpoint_freq", 1, optional=True)
+        self._check_int("micro_batch_size", 1, optional=True)
+        self._check_int("num_epochs_per_update", 1)
+        self._check_int("reference_update_freq", 1, optional=True)
+        self._check_int("checkpoint_freq", 1, optional=True)
         if self.seed is not None:
-            check_int("seed", 0)
+            self._check_int("seed", 0)
+
+    def _check_step_sizes(self) -> None:
+        """learning_rate, weight_decay and the clip range."""
         # finite: one optimizer step with an infinite learning rate or weight decay makes every
         # weight inf/NaN (the update guard would undo it, but the run could never train)
-        check_float("learning_rate", 0.0, False, finite=True)
-        check_float("weight_decay", 0.0, True, finite=True)
+        self._check_float("learning_rate", 0.0, False, finite=True)
+        self._check_float("weight_decay", 0.0, True, finite=True)
         if not _is_exactly_one(self.clip_epsilon):  # 1.0 = no lower bound (CISPO's IS weight)
             try:
-                check_float("clip_epsilon", 0.0, False, 1.0)
+                self._check_float("clip_epsilon", 0.0, False, 1.0)
             except ValueError as e:
                 raise ValueError(f"{e} Exactly 1 is allowed too: no lower bound on the ratio.") from None
         if self.clip_epsilon_high is not None:
-            check_float("clip_epsilon_high", 0.0, False)
+            self._check_float("clip_epsilon_high", 0.0, False)
+
+    def _check_loss_settings(self) -> None:
+        """The coefficients and estimators of the loss, gamma, gradient clipping and the device."""
         # finite: inf makes every loss non-finite (kl_coeff, entropy_coeff) or every advantage 0
         # (advantage_eps), so nothing would ever train
-        check_float("kl_coeff", 0.0, True, finite=True)
-        check_float("entropy_coeff", 0.0, True, finite=True)
-        check_float("advantage_eps", 0.0, False, finite=True)
+        self._check_float("kl_coeff", 0.0, True, finite=True)
+        self._check_float("entropy_coeff", 0.0, True, finite=True)
+        self._check_float("advantage_eps", 0.0, False, finite=True)
         g = self.gamma
         if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0.0 <= g <= 1.0:
-            raise bad("gamma", "expected a number in [0, 1] (1 = undiscounted)", " Valid: e.g. gamma=0.99")
-        check_float("log_ratio_clamp", 0.0, False)
+            raise self._bad(
+                "gamma", "expected a number in [0, 1] (1 = undiscounted)", " Valid: e.g. gamma=0.99"
+            )
+        self._check_float("log_ratio_clamp", 0.0, False)
         if self.max_grad_norm is not None:
-            check_float("max_grad_norm", 0.0, False)
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise bad("kl_estimator", f"choose one of {KL_ESTIMATORS}")
-        if self.loss_aggregation not in AGGREGATIONS:
-            raise bad("loss_aggregation", f"choose one of {AGGREGATIONS}")
-        if not isinstance(self.normalize_advantages, bool):
-            raise bad("normalize_advantages", "expected True or False")
+            self._check_float("max_grad_norm", 0.0, False)
+        self._check_choice("kl_estimator", KL_ESTIMATORS)
+        self._check_choice("loss_aggregation", AGGREGATIONS)
+        self._check_bool("normalize_advantages")
         if not isinstance(self.device, str) or not (
             self.device in ("cpu", "cuda", "auto", "mps") or self.device.startswith("cuda:")
         ):
-            raise bad("device", "expected 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'")
+            raise self._bad("device", "expected 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'")
+
+    def _check_batch_division(self) -> None:
+        """The mini-batch divides the batch and the micro-batch divides the mini-batch."""
         mb = self.resolved_mini_batch_size
         if self.batch_size % mb:
             valid = [d for d in range(1, self.batch_size + 1) if self.batch_size % d == 0]
-            raise bad(
+            raise self._bad(
                 "mini_batch_size",
                 f"it must divide batch_size={self.batch_size} so that every optimizer step sees whole groups",
                 f" Valid values: {valid} (or None for the whole batch).",
@@ -647,19 +679,20 @@ class GRPOConfig:
         micro = self.resolved_micro_batch_size
         if mb % micro:
             valid = [d for d in range(1, mb + 1) if mb % d == 0]
-            raise bad(
+            raise self._bad(
                 "micro_batch_size",
                 f"it must divide mini_batch_size={mb}",
                 f" Valid values: {valid} (or None for no accumulation).",
             )
-        # --- training loop: learning-rate schedule ---
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise bad("lr_schedule", f"choose one of {LR_SCHEDULES}")
-        check_int("warmup_steps", 0)
-        check_int("total_steps", 1, optional=True)
+
+    def _check_lr_schedule(self) -> None:
+        """Training loop: the learning-rate schedule."""
+        self._check_choice("lr_schedule", LR_SCHEDULES)
+        self._check_int("warmup_steps", 0)
+        self._check_int("total_steps", 1, optional=True)
         decays = self.lr_schedule != "constant"
         if decays and (self.total_steps is None or self.total_steps <= self.warmup_steps):
-            raise bad(
+            raise self._bad(
                 "total_steps",
                 f"lr_schedule={self.lr_schedule!r} decays until total_steps, which must be > "
                 f"warmup_steps={self.warmup_steps}",
@@ -671,68 +704,69 @@ class GRPOConfig:
             and not isinstance(self.lr_min_ratio, bool)
             and 0.0 <= self.lr_min_ratio <= 1.0
         ):
-            raise bad("lr_min_ratio", "expected a number in [0, 1]")
-        self._check_adaptive_lr(bad, check_float)
-        check_float("reward_shift_kl", 0.0, False, finite=True)
+            raise self._bad("lr_min_ratio", "expected a number in [0, 1]")
+
+    def _check_reward_shift(self) -> None:
+        """reward_shift_kl and reward_shift_z."""
+        self._check_float("reward_shift_kl", 0.0, False, finite=True)
         if self.reward_shift_z is not None:
-            check_float("reward_shift_z", 0.0, False, finite=True)
+            self._check_float("reward_shift_z", 0.0, False, finite=True)
             if self.optimizer_steps_per_step < 2:
-                raise bad(
+                raise self._bad(
                     "reward_shift_z",
                     f"it tells a settled policy by kl/old, which is exactly 0 with one optimizer step "
                     f"per update (optimizer_steps_per_step={self.optimizer_steps_per_step})",
                     " Use num_epochs_per_update > 1 or num_mini_batches > 1, or reward_shift_z=None.",
                 )
-        self._check_variants(bad, check_float)
-        # --- reliability checks ---
-        if self.non_finite not in NON_FINITE_POLICIES:
-            raise bad("non_finite", f"choose one of {NON_FINITE_POLICIES}")
-        if self.invalid_rewards not in INVALID_REWARD_POLICIES:
-            raise bad("invalid_rewards", f"choose one of {INVALID_REWARD_POLICIES}")
+
+    def _check_reliability(self) -> None:
+        """Reliability checks: non-finite values, invalid rewards, timeouts, threads, checkpoints."""
+        self._check_choice("non_finite", NON_FINITE_POLICIES)
+        self._check_choice("invalid_rewards", INVALID_REWARD_POLICIES)
         if self.reward_timeout is not None:
-            check_float("reward_timeout", 0.0, False)
+            self._check_float("reward_timeout", 0.0, False)
         if self.sampler_is_cap is not None:
-            check_float("sampler_is_cap", 0.0, False)
-        if not isinstance(self.flush_denormals, bool):
-            raise bad("flush_denormals", "expected True or False")
+            self._check_float("sampler_is_cap", 0.0, False)
+        self._check_bool("flush_denormals")
         threads = self.num_threads
         if not (threads is None or threads == "auto" or _is_positive_int(threads)):
-            raise bad(
+            raise self._bad(
                 "num_threads",
                 "expected 'auto', an integer >= 1 or None",
                 " Valid: e.g. num_threads='auto' (the default: 1 thread for a small CPU policy), "
                 "num_threads=2, or num_threads=None (leave torch.set_num_threads alone).",
             )
-        check_int("checkpoint_keep_last", 1, optional=True)
-        if self.distributed not in DISTRIBUTED_MODES:
-            raise bad("distributed", f"choose one of {DISTRIBUTED_MODES}")
-        if not isinstance(self.fsdp, bool):
-            raise bad("fsdp", "expected True or False")
-        if not isinstance(self.deepspeed, str) or not self.deepspeed:
-            raise bad("deepspeed", "expected 'auto', 'off' or the path of a DeepSpeed JSON config")
+        self._check_int("checkpoint_keep_last", 1, optional=True)
 
-    def _check_adaptive_lr(self, bad: Any, check_float: Any) -> None:
+    def _check_parallelism(self) -> None:
+        """distributed, fsdp and deepspeed."""
+        self._check_choice("distributed", DISTRIBUTED_MODES)
+        self._check_bool("fsdp")
+        if not isinstance(self.deepspeed, str) or not self.deepspeed:
+            raise self._bad("deepspeed", "expected 'auto', 'off' or the path of a DeepSpeed JSON config")
+
+    def _check_adaptive_lr(self) -> None:
         """Validation of adaptive_lr_kl and its bounds."""
-        check_float("adaptive_lr_min", 0.0, False, finite=True)
-        check_float("adaptive_lr_max", 0.0, False, finite=True)
+        self._check_float("adaptive_lr_min", 0.0, False, finite=True)
+        self._check_float("adaptive_lr_max", 0.0, False, finite=True)
         if self.adaptive_lr_max < self.adaptive_lr_min:
-            raise bad(
+            raise self._bad(
                 "adaptive_lr_max",
                 f"it must be >= adaptive_lr_min={self.adaptive_lr_min}",
                 " Valid: e.g. adaptive_lr_min=1e-5, adaptive_lr_max=1e-2.",
             )
         if self.adaptive_lr_kl is None:
             return
-        check_float("adaptive_lr_kl", 0.0, False, finite=True)
+        self._check_float("adaptive_lr_kl", 0.0, False, finite=True)
         if not self.adaptive_lr_min <= self.learning_rate <= self.adaptive_lr_max:
-            raise bad(
+            raise self._bad(
                 "learning_rate",
                 f"with adaptive_lr_kl it is the starting learning rate and must lie in "
                 f"[adaptive_lr_min, adaptive_lr_max] = [{self.adaptive_lr_min}, {self.adaptive_lr_max}]",
                 " Set learning_rate inside the bounds, or widen them.",
             )
         if self.optimizer_steps_per_step < 2:
-            raise bad(
+            raise self._bad(
                 "adaptive_lr_kl",
                 "it adapts the learning rate to how far the policy moved since the update's first "
                 "optimizer step, and this config makes one optimizer step per update "
@@ -741,29 +775,24 @@ class GRPOConfig:
                 " Use num_epochs_per_update >= 2 or num_mini_batches >= 2, or adaptive_lr_kl=None.",
             )
 
-    def _check_variants(self, bad: Any, check_float: Any) -> None:
+    def _check_variants(self) -> None:
         """Validation of the `# --- algorithm variants ---` fields."""
-        if self.advantage_baseline not in ADVANTAGE_BASELINES:
-            raise bad("advantage_baseline", f"choose one of {ADVANTAGE_BASELINES}")
+        self._check_choice("advantage_baseline", ADVANTAGE_BASELINES)
         if self.advantage_scale is not None and self.advantage_scale not in ADVANTAGE_SCALES:
-            raise bad("advantage_scale", f"choose one of {ADVANTAGE_SCALES} or None")
-        if self.reward_combination not in REWARD_COMBINATIONS:
-            raise bad("reward_combination", f"choose one of {REWARD_COMBINATIONS}")
-        if self.policy_loss not in POLICY_LOSSES:
-            raise bad("policy_loss", f"choose one of {POLICY_LOSSES}")
-        if self.kl_penalty not in KL_PENALTIES:
-            raise bad("kl_penalty", f"choose one of {KL_PENALTIES}")
+            raise self._bad("advantage_scale", f"choose one of {ADVANTAGE_SCALES} or None")
+        self._check_choice("reward_combination", REWARD_COMBINATIONS)
+        self._check_choice("policy_loss", POLICY_LOSSES)
+        self._check_choice("kl_penalty", KL_PENALTIES)
         for name in ("whiten_advantages", "drop_zero_variance_groups", "dual_clip"):
-            if not isinstance(getattr(self, name), bool):
-                raise bad(name, "expected True or False")
+            self._check_bool(name)
         for name in ("reward_clip", "advantage_clip", "loss_normaliser"):
             if getattr(self, name) is not None:
-                check_float(name, 0.0, False)
-        check_float("sapo_tau_pos", 0.0, False)
-        check_float("sapo_tau_neg", 0.0, False)
-        check_float("dual_clip_c", 1.0, False)
+                self._check_float(name, 0.0, False)
+        self._check_float("sapo_tau_pos", 0.0, False)
+        self._check_float("sapo_tau_neg", 0.0, False)
+        self._check_float("dual_clip_c", 1.0, False)
         if self.loss_aggregation == "seq-mean-token-sum-norm" and self.loss_normaliser is None:
-            raise bad(
+            raise self._bad(
                 "loss_normaliser",
                 "loss_aggregation='seq-mean-token-sum-norm' divides every sample's token sum by this "
                 "constant, so it must be set",
@@ -771,7 +800,7 @@ class GRPOConfig:
                 "(Dr. GRPO); never the padded length of a batch, which changes from batch to batch.",
             )
         if self.dual_clip and self.policy_loss not in ("clip", "gspo"):
-            raise bad(
+            raise self._bad(
                 "dual_clip", f"dual clip applies to the 'clip' and 'gspo' losses, not {self.policy_loss!r}"
             )
 

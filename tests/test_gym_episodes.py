@@ -18,7 +18,7 @@ from grpo.gym.episodes import (  # noqa: E402
     Episode,
     EpisodePolicy,
     EpisodeReturn,
-    discounted_returns,
+    episode_returns,
     evaluate_episodes,
 )
 
@@ -35,14 +35,21 @@ def pendulum_policy(seed: int = 0, **kwargs: Any) -> EpisodePolicy:
     return EpisodePolicy("Pendulum-v1", gaussian_mlp(3, 1, hidden=(16,), log_std_init=0.5), **kwargs)
 
 
-def test_discounted_returns_hand_computed() -> None:
+def test_episode_returns_hand_computed() -> None:
     rewards = torch.tensor([[1.0, 2.0, 3.0, 9.0], [1.0, 1.0, 9.0, 9.0]])
     mask = torch.tensor([[True, True, True, False], [True, True, False, False]])
     # gamma = 0.5: 1 + 0.5*2 + 0.25*3 = 2.75 ; 1 + 0.5*1 = 1.5 (padding ignored)
-    assert discounted_returns(rewards, mask, 0.5).tolist() == [2.75, 1.5]
-    assert discounted_returns(rewards, mask).tolist() == [6.0, 2.0]
+    assert episode_returns(rewards, mask, 0.5).tolist() == [2.75, 1.5]
+    assert episode_returns(rewards, mask).tolist() == [6.0, 2.0]
     with pytest.raises(ValueError, match=r"gamma=1.5 is not allowed"):
-        discounted_returns(rewards, mask, 1.5)
+        episode_returns(rewards, mask, 1.5)
+
+
+def test_discounted_returns_is_the_old_name_of_episode_returns() -> None:
+    import grpo.gym.episodes as episodes
+
+    with pytest.warns(DeprecationWarning, match="renamed episode_returns"):
+        assert episodes.discounted_returns is episode_returns
 
 
 def test_groups_start_from_the_same_state_and_masks_are_prefixes() -> None:

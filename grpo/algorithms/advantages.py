@@ -166,27 +166,54 @@ def affine_terms(
     x = scores.detach().to(torch.float64)
     ids = group_ids.long()
     count, total, mean, all_equal = _group_sums(x, ids, num_groups, group_size)
-    n_i = count[ids]
     zero = torch.zeros_like(x, dtype=torch.bool)
     if "running" in (baseline, scale):
         if running is None:
             raise ValueError("running statistics were requested but no RunningMeanStd was given.")
         running.update(x)
-
-    if baseline == "group":
-        b = mean[ids]
+    b = _baseline_terms(baseline, x, ids, count, total, mean, running)
+    if baseline in ("group", "leave_one_out"):
+        zero = zero | all_equal[ids]  # leave_one_out: includes groups of one, nothing to leave out
+    d = _divisor_terms(scale, x, ids, count, mean, num_groups, group_size, eps, running)
+    if scale == "group":
         zero = zero | all_equal[ids]
-    elif baseline == "leave_one_out":
-        b = (total[ids] - x) / (n_i - 1.0).clamp(min=1.0)
-        zero = zero | all_equal[ids]  # includes groups of one: nothing to leave out
-    elif baseline == "batch":
-        b = x.mean().expand_as(x)
-    elif baseline == "running":
-        assert running is not None
-        b = running.mean.to(x.device).expand_as(x)
-    else:
-        b = torch.zeros_like(x)
+    return AffineTerms(b, d, zero)
 
+
+def _baseline_terms(
+    baseline: AdvantageBaseline,
+    x: Tensor,
+    ids: Tensor,
+    count: Tensor,
+    total: Tensor,
+    mean: Tensor,
+    running: RunningMeanStd | None,
+) -> Tensor:
+    """``b_i`` of `affine_terms` from the group sums (`_group_sums`) or the running statistics."""
+    if baseline == "group":
+        return mean[ids]
+    if baseline == "leave_one_out":
+        return (total[ids] - x) / (count[ids] - 1.0).clamp(min=1.0)
+    if baseline == "batch":
+        return x.mean().expand_as(x)
+    if baseline == "running":
+        assert running is not None
+        return running.mean.to(x.device).expand_as(x)
+    return torch.zeros_like(x)
+
+
+def _divisor_terms(
+    scale: AdvantageScale,
+    x: Tensor,
+    ids: Tensor,
+    count: Tensor,
+    mean: Tensor,
+    num_groups: int,
+    group_size: int | None,
+    eps: float,
+    running: RunningMeanStd | None,
+) -> Tensor:
+    """``d_i`` of `affine_terms`: the group, batch or running std plus ``eps``, or 1."""
     if scale == "group":
         dev = x - mean[ids]
         if group_size is not None and x.numel() == num_groups * group_size:
@@ -194,17 +221,14 @@ def affine_terms(
         else:
             ss = torch.zeros(num_groups, dtype=torch.float64, device=x.device).index_add_(0, ids, dev * dev)
         std = torch.sqrt(ss / (count - 1.0).clamp(min=1.0))
-        d = std[ids] + eps
-        zero = zero | all_equal[ids]
-    elif scale == "batch":
+        return std[ids] + eps
+    if scale == "batch":
         std_b = x.std() if x.numel() > 1 else torch.zeros((), dtype=torch.float64, device=x.device)
-        d = (std_b + eps).expand_as(x)
-    elif scale == "running":
+        return (std_b + eps).expand_as(x)
+    if scale == "running":
         assert running is not None
-        d = (running.std.to(x.device) + eps).expand_as(x)
-    else:
-        d = torch.ones_like(x)
-    return AffineTerms(b, d, zero)
+        return (running.std.to(x.device) + eps).expand_as(x)
+    return torch.ones_like(x)
 
 
 def normalise_scores(

@@ -12,7 +12,7 @@ from grpo.gym.episodes import (
     EpisodePolicy,
     EpisodeReturn,
     EpisodeRewards,
-    discounted_returns,
+    episode_returns,
     evaluate_episodes,
     run_episodes,
 )
@@ -37,7 +37,7 @@ __all__ = [
     "SnapshotReset",
     "SnapshotStore",
     "StartStateBiasWarning",
-    "discounted_returns",
+    "episode_returns",
     "evaluate_episodes",
     "group_by_nearest_start",
     "grouping_stats",

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -71,13 +72,13 @@ __all__ = [
     "EpisodePolicy",
     "EpisodeReturn",
     "EpisodeRewards",
-    "discounted_returns",
+    "episode_returns",
     "evaluate_episodes",
     "run_episodes",
 ]
 
 
-def _gym() -> Any:
+def import_gymnasium() -> Any:
     try:
         import gymnasium
     except ImportError as e:  # pragma: no cover - depends on the environment
@@ -122,10 +123,11 @@ class Episode:
         return float(self.rewards.sum())
 
 
-def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:
-    """R_i = sum_t gamma^t r_{i,t} over the real steps (mask True).
+def episode_returns(rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:
+    """The discounted return of each episode: R_i = sum_t gamma^t r_{i,t} over the real steps (mask True).
 
-    Shapes: rewards (N, T), mask (N, T) bool -> (N,) float32. gamma = 1 is the plain return.
+    Shapes: rewards (N, T), mask (N, T) bool -> (N,) float32. gamma = 1 is the plain return. The
+    per-step returns-to-go (N, T) are `grpo.algorithms.advantages.discounted_returns`.
     """
     if not 0.0 < gamma <= 1.0:
         raise ValueError(f"gamma={gamma!r} is not allowed: expected 0 < gamma <= 1 (1 = undiscounted).")
@@ -136,8 +138,12 @@ def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Ten
     return (r * disc).sum(-1).float()
 
 
-def _stack(episodes: Sequence[Episode], where: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Episodes -> obs (N, T, obs_dim), actions (N, T, ...), rewards (N, T), mask (N, T)."""
+def stack_episodes(episodes: Sequence[Episode], where: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Episodes -> obs (N, T, obs_dim), actions (N, T, ...), rewards (N, T), mask (N, T).
+
+    Episodes of different padded lengths are zero-padded to the longest; ``where`` names the
+    caller in the errors (no episodes, or an item that is not an `Episode`).
+    """
     if not episodes:
         raise ValueError(f"{where} got no episodes.")
     bad = [i for i, e in enumerate(episodes) if not isinstance(e, Episode)]
@@ -181,8 +187,8 @@ class EpisodeReturn(StatelessReward):
         self.gamma = gamma
 
     def compute_rewards(self, states: Any, actions: Sequence[Episode]) -> Tensor:
-        _, _, rew, mask = _stack(actions, "EpisodeReturn.compute_rewards")
-        return discounted_returns(rew, mask, self.gamma)
+        _, _, rew, mask = stack_episodes(actions, "EpisodeReturn.compute_rewards")
+        return episode_returns(rew, mask, self.gamma)
 
 
 class EpisodeRewards(StatelessReward):
@@ -219,7 +225,7 @@ class EpisodeRewards(StatelessReward):
         self.bonus_weight = float(bonus_weight)
 
     def compute_rewards(self, states: Any, actions: Sequence[Episode]) -> Tensor:
-        _, _, rew, mask = _stack(actions, "EpisodeRewards.compute_rewards")
+        _, _, rew, mask = stack_episodes(actions, "EpisodeRewards.compute_rewards")
         rew = rew * mask
         if self.bonus is not None:
             extra = torch.as_tensor(self.bonus.compute_rewards(states, actions), dtype=rew.dtype)
@@ -245,7 +251,7 @@ class _EnvPool:
     def get(self, num_envs: int) -> Any:
         envs = self._envs.get(num_envs)
         if envs is None:
-            gym = _gym()
+            gym = import_gymnasium()
             if isinstance(self.env, str):
                 envs = gym.make_vec(
                     self.env,
@@ -282,7 +288,8 @@ def _as_distribution_policy(policy: nn.Module) -> DistributionPolicy:
     )
 
 
-def _seeds(states: Any) -> list[int]:
+def env_seeds(states: Any) -> list[int]:
+    """The GRPO states of an `EpisodePolicy` as env seeds: B non-negative ints (a list or an int Tensor)."""
     if isinstance(states, Tensor):
         if states.dim() != 1 or states.dtype.is_floating_point:
             raise ValueError(
@@ -316,7 +323,7 @@ def run_episodes(
     observations gives the actions (sampled, or the distribution's mode if ``deterministic``).
     Steps after an episode's end are discarded. Returns the episodes padded to the longest.
     """
-    gym = _gym()
+    gym = import_gymnasium()
     n = len(seeds)
     if envs.num_envs != n:
         raise ValueError(f"run_episodes got {n} seeds for a vector env of {envs.num_envs} sub-envs.")
@@ -421,7 +428,7 @@ class EpisodePolicy(nn.Module):
         ``kwargs`` go to `run_episodes` (e.g. ``deterministic=True``; the trainer passes its
         ``step(states, **generate_kwargs)`` here).
         """
-        seeds = _seeds(states)
+        seeds = env_seeds(states)
         g = num_actions_per_state
         flat_seeds = [s for s in seeds for _ in range(g)]
         envs = self._pool.get(len(flat_seeds))
@@ -459,7 +466,7 @@ class EpisodePolicy(nn.Module):
         ``states`` is not needed (the episodes hold their observations), so the grouped and the
         flat layouts are handled alike.
         """
-        obs, act, _, mask = _stack(actions, f"{type(self).__name__}.get_log_probabilities")
+        obs, act, _, mask = stack_episodes(actions, f"{type(self).__name__}.get_log_probabilities")
         device = self.policy._device()
         obs, act, mask = obs.to(device), act.to(device), mask.to(device)
         dist = self.policy.distribution(obs[mask])  # one forward over the sum(mask) valid steps
@@ -510,3 +517,17 @@ def evaluate_episodes(
         net.train(was_training)
         pool.close()
     return np.array([e.episode_return for e in episodes], dtype=np.float64)
+
+
+def __getattr__(name: str) -> Callable[[Tensor, Tensor, float], Tensor]:
+    """``discounted_returns``, the grpo 0.1 name of `episode_returns`, with a DeprecationWarning."""
+    if name == "discounted_returns":
+        warnings.warn(
+            "grpo.gym.episodes.discounted_returns was renamed episode_returns in grpo 0.2 (one "
+            "discounted return per episode, (N,)); grpo.algorithms.advantages.discounted_returns is "
+            "the per-step returns-to-go (N, T). The old name goes in the next release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return episode_returns
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from grpo.gym.episodes import Episode, _stack
+from grpo.gym.episodes import Episode, stack_episodes
 from grpo.reward_model_base import StatelessReward
 
 __all__ = ["EpisodeSpread"]
@@ -67,7 +67,7 @@ class EpisodeSpread(StatelessReward):
     name = "spread"
 
     def compute_rewards(self, states: Any, actions: Sequence[Episode]) -> Tensor:
-        obs, _, _, mask = _stack(actions, "EpisodeSpread.compute_rewards")
+        obs, _, _, mask = stack_episodes(actions, "EpisodeSpread.compute_rewards")
         obs = obs.flatten(2).double()  # (N, T, d)
         valid = mask.unsqueeze(-1)  # (N, T, 1)
         hi = obs.masked_fill(~valid, -torch.inf).amax(1)  # (N, d)

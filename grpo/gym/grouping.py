@@ -24,9 +24,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-# `_seeds` is a private helper of grpo.gym.episodes, and NearestStartPolicy uses EpisodePolicy's
-# private `_pool` (its vector envs) in generate_actions.
-from grpo.gym.episodes import Episode, EpisodePolicy, _seeds, discounted_returns, run_episodes
+# NearestStartPolicy uses its base EpisodePolicy's `_pool` (its vector envs) in generate_actions.
+from grpo.gym.episodes import Episode, EpisodePolicy, env_seeds, episode_returns, run_episodes
 
 __all__ = [
     "NearestStartPolicy",
@@ -172,6 +171,18 @@ def grouping_stats(
     """
     x = _as_matrix(starts, "grouping_stats")
     n = x.shape[0]
+    r = _as_returns(returns, n)
+    grp = _check_groups(groups, n)
+    z = _standardize(x)
+    stats = _start_distances(z, grp)
+    degree = _share_degree(degree, n, grp.shape[0], z.shape[1])
+    stats.update(_start_share(z, r, grp, degree))
+    stats["start_share_degree"] = float(degree)
+    return stats
+
+
+def _as_returns(returns: Tensor | np.ndarray | Sequence[float], n: int) -> np.ndarray:
+    """The (N,) float64 returns of `grouping_stats`; N must match the start observations."""
     r = (
         returns.detach().cpu().double().numpy()
         if isinstance(returns, Tensor)
@@ -179,9 +190,12 @@ def grouping_stats(
     ).reshape(-1)
     if r.shape[0] != n:
         raise ValueError(f"grouping_stats: {n} start observations but {r.shape[0]} returns.")
-    grp = _check_groups(groups, n)
-    b, g = grp.shape
-    z = _standardize(x)
+    return r
+
+
+def _start_distances(z: np.ndarray, grp: np.ndarray) -> dict[str, float]:
+    """``start_dist_within``, ``start_dist_random`` and their ratio (see `grouping_stats`)."""
+    n, g = z.shape[0], grp.shape[1]
     d = np.sqrt(_sq_dists(z))
     iu = np.triu_indices(n, 1)
     random = float(d[iu].mean()) if n > 1 else 0.0
@@ -191,11 +205,21 @@ def grouping_stats(
     else:
         within = 0.0
     ratio = within / random if random > 0 else 0.0
-    dims = z.shape[1]
+    return {"start_dist_within": within, "start_dist_random": random, "start_dist_ratio": ratio}
+
+
+def _share_degree(degree: int | None, n: int, b: int, dims: int) -> int:
+    """The features' degree: as given (1 or 2), or 2 when ``N - B >= 8 d`` else 1."""
     if degree is None:
         degree = 2 if n - b >= 8 * dims else 1
     if degree not in (1, 2):
         raise ValueError(f"grouping_stats: degree={degree!r}, expected 1, 2 or None.")
+    return degree
+
+
+def _start_share(z: np.ndarray, r: np.ndarray, grp: np.ndarray, degree: int) -> dict[str, float]:
+    """The within-group regression of the returns on the start features (see `grouping_stats`)."""
+    n, b = z.shape[0], grp.shape[0]
     phi = np.concatenate([z, z * z], 1) if degree == 2 else z  # (N, d * degree)
     zc = phi[grp] - phi[grp].mean(1, keepdims=True)  # (B, G, d * degree)
     rc = r[grp] - r[grp].mean(1, keepdims=True)  # (B, G)
@@ -214,14 +238,10 @@ def grouping_stats(
         raw, share = 0.0, 0.0
     std_within = float(np.sqrt(sst / dof)) if dof > 0 else 0.0
     return {
-        "start_dist_within": within,
-        "start_dist_random": random,
-        "start_dist_ratio": ratio,
         "start_share": share,
         "start_share_raw": float(np.clip(raw, 0.0, 1.0)),
         "return_std_within": std_within,
         "start_bias_std": float(np.sqrt(share) * std_within) if np.isfinite(share) else float("nan"),
-        "start_share_degree": float(degree),
     }
 
 
@@ -300,7 +320,7 @@ class NearestStartPolicy(EpisodePolicy):
 
     def generate_actions(self, states: Any, num_actions_per_state: int, **kwargs: Any) -> list[list[Episode]]:
         """Play B·G episodes from independent starts; return B groups of G nearby starts."""
-        seeds = _seeds(states)
+        seeds = env_seeds(states)
         g = num_actions_per_state
         flat_seeds = [_episode_seed(s, j) for s in seeds for j in range(g)]
         envs = self._pool.get(len(flat_seeds))
@@ -311,7 +331,7 @@ class NearestStartPolicy(EpisodePolicy):
             starts = self.start_features(starts)
         rewards = torch.stack([e.rewards for e in episodes])
         mask = torch.stack([e.mask for e in episodes])
-        returns = discounted_returns(rewards, mask, self.gamma)
+        returns = episode_returns(rewards, mask, self.gamma)
         play_order = np.arange(len(episodes)).reshape(len(seeds), g)
         groups = group_by_nearest_start(starts, g) if self.grouping == "nearest" else play_order
         stats = grouping_stats(starts, returns, groups)

@@ -49,7 +49,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from grpo.gym.episodes import _gym  # private helper of grpo.gym.episodes: the lazy gymnasium import
+from grpo.gym.episodes import import_gymnasium
 
 __all__ = [
     "Snapshot",
@@ -111,7 +111,7 @@ def _qualname(obj: Any) -> str:
 
 def _chain(env: Any) -> list[Any]:
     """[env, env.env, ..., env.unwrapped]: the gymnasium wrapper layers, outermost first."""
-    gym = _gym()
+    gym = import_gymnasium()
     if not isinstance(env, gym.Env):
         raise TypeError(
             f"expected a gymnasium.Env (e.g. gymnasium.make('CartPole-v1')); got {type(env).__name__}. "
@@ -151,7 +151,7 @@ def _is_mujoco_style(unwrapped: Any) -> bool:
 
 def _derive_observation(layers: list[Any], method: str) -> np.ndarray:
     """The observation of the current state, computed from the unwrapped env."""
-    gym = _gym()
+    gym = import_gymnasium()
     unwrapped = layers[-1]
     transforming = [
         _qualname(layer)
@@ -222,45 +222,8 @@ def snapshot(env: Any, *, observation: Any = None, method: SnapshotMethod = "aut
         raise ValueError(f"method={method!r}: choose 'auto', 'classic_control', 'mujoco' or 'deepcopy'.")
     layers = _chain(env)
     unwrapped = layers[-1]
-    classic = _classic_control_spec(unwrapped)
-    if method == "auto":
-        method = "classic_control" if classic else "mujoco" if _is_mujoco_style(unwrapped) else "deepcopy"
-    elif method == "classic_control" and classic is None:
-        raise SnapshotError(
-            f"method='classic_control' needs gymnasium's CartPole, Acrobot, Pendulum, MountainCar or "
-            f"MountainCarContinuous; the env is {_qualname(unwrapped)}. Use method='auto'."
-        )
-    elif method == "mujoco" and not _is_mujoco_style(unwrapped):
-        raise SnapshotError(
-            f"method='mujoco' needs an env with data.qpos, data.qvel and set_state(qpos, qvel); "
-            f"{_qualname(unwrapped)} has not. Use method='auto'."
-        )
-    state: dict[str, Any] = {}
-    if method == "classic_control":
-        assert classic is not None
-        if getattr(unwrapped, "state", None) is None:
-            raise ValueError(f"snapshot(): {_qualname(unwrapped)} has no state yet; call env.reset() first.")
-        state = {name: copy.deepcopy(getattr(unwrapped, name)) for name in classic[0]}
-        state["_np_random"] = copy.deepcopy(getattr(unwrapped, "_np_random", None))
-    elif method == "mujoco":
-        data = unwrapped.data
-        state = {"qpos": np.array(data.qpos, copy=True), "qvel": np.array(data.qvel, copy=True)}
-        for name in _MUJOCO_FIELDS:
-            if hasattr(data, name):
-                state[name] = np.array(getattr(data, name), copy=True)
-        if hasattr(data, "time"):
-            state["time"] = float(data.time)
-        state["_np_random"] = copy.deepcopy(getattr(unwrapped, "_np_random", None))
-    else:
-        try:
-            state = {"env": copy.deepcopy(env)}
-        except Exception as e:
-            raise SnapshotError(
-                f"cannot snapshot {_qualname(unwrapped)}: it is not a gymnasium classic-control env, has "
-                f"no MuJoCo-style data.qpos/qvel + set_state(qpos, qvel), and copy.deepcopy(env) failed "
-                f"({type(e).__name__}: {e}). Give the env a set_state(qpos, qvel) and data.qpos/qvel, "
-                f"make it deep-copyable, or group by nearest start states (NearestStartPolicy)."
-            ) from e
+    method = _snapshot_method(method, unwrapped)
+    state = _capture_state(env, unwrapped, method)
     obs = _derive_observation(layers, method) if observation is None else observation
     obs = _check_observation(obs, env.observation_space, "snapshot()")
     limits = _time_limits(layers)
@@ -275,6 +238,65 @@ def snapshot(env: Any, *, observation: Any = None, method: SnapshotMethod = "aut
         elapsed_steps=elapsed,
         state=state,
     )
+
+
+def _snapshot_method(method: SnapshotMethod, unwrapped: Any) -> SnapshotMethod:
+    """The method `snapshot` uses: ``"auto"`` resolved, an explicit one checked against the env."""
+    classic = _classic_control_spec(unwrapped)
+    if method == "auto":
+        return "classic_control" if classic else "mujoco" if _is_mujoco_style(unwrapped) else "deepcopy"
+    if method == "classic_control" and classic is None:
+        raise SnapshotError(
+            f"method='classic_control' needs gymnasium's CartPole, Acrobot, Pendulum, MountainCar or "
+            f"MountainCarContinuous; the env is {_qualname(unwrapped)}. Use method='auto'."
+        )
+    if method == "mujoco" and not _is_mujoco_style(unwrapped):
+        raise SnapshotError(
+            f"method='mujoco' needs an env with data.qpos, data.qvel and set_state(qpos, qvel); "
+            f"{_qualname(unwrapped)} has not. Use method='auto'."
+        )
+    return method
+
+
+def _capture_state(env: Any, unwrapped: Any, method: SnapshotMethod) -> dict[str, Any]:
+    """`Snapshot.state`: what ``method`` saves of ``env`` (see the module docstring)."""
+    if method == "classic_control":
+        return _classic_control_state(unwrapped)
+    if method == "mujoco":
+        return _mujoco_state(unwrapped)
+    try:
+        return {"env": copy.deepcopy(env)}
+    except Exception as e:
+        raise SnapshotError(
+            f"cannot snapshot {_qualname(unwrapped)}: it is not a gymnasium classic-control env, has "
+            f"no MuJoCo-style data.qpos/qvel + set_state(qpos, qvel), and copy.deepcopy(env) failed "
+            f"({type(e).__name__}: {e}). Give the env a set_state(qpos, qvel) and data.qpos/qvel, "
+            f"make it deep-copyable, or group by nearest start states (NearestStartPolicy)."
+        ) from e
+
+
+def _classic_control_state(unwrapped: Any) -> dict[str, Any]:
+    """The attributes that define a classic-control env's future, and its ``np_random``."""
+    spec = _classic_control_spec(unwrapped)
+    assert spec is not None
+    if getattr(unwrapped, "state", None) is None:
+        raise ValueError(f"snapshot(): {_qualname(unwrapped)} has no state yet; call env.reset() first.")
+    state = {name: copy.deepcopy(getattr(unwrapped, name)) for name in spec[0]}
+    state["_np_random"] = copy.deepcopy(getattr(unwrapped, "_np_random", None))
+    return state
+
+
+def _mujoco_state(unwrapped: Any) -> dict[str, Any]:
+    """qpos, qvel, the other `_MUJOCO_FIELDS` the data has, its time, and the env's ``np_random``."""
+    data = unwrapped.data
+    state: dict[str, Any] = {"qpos": np.array(data.qpos, copy=True), "qvel": np.array(data.qvel, copy=True)}
+    for name in _MUJOCO_FIELDS:
+        if hasattr(data, name):
+            state[name] = np.array(getattr(data, name), copy=True)
+    if hasattr(data, "time"):
+        state["time"] = float(data.time)
+    state["_np_random"] = copy.deepcopy(getattr(unwrapped, "_np_random", None))
+    return state
 
 
 def restore(env: Any, snap: Snapshot, *, reset_time_limit: bool = False) -> np.ndarray:
@@ -303,7 +325,26 @@ def restore(env: Any, snap: Snapshot, *, reset_time_limit: bool = False) -> np.n
     if not isinstance(snap, Snapshot):
         raise TypeError(f"restore() expects a grpo.gym.resets.Snapshot; got {type(snap).__name__}.")
     layers = _chain(env)
-    unwrapped = layers[-1]
+    _check_same_kind(env, snap, _qualname(layers[-1]))
+    if snap.method != "deepcopy" and _never_reset(layers):
+        # OrderEnforcing / PassiveEnvChecker refuse a step before the first reset. Reset below any
+        # SnapshotReset layer (whose own reset would restore a snapshot of its store).
+        inner = max((k for k, layer in enumerate(layers) if isinstance(layer, SnapshotReset)), default=-1)
+        layers[inner + 1].reset()
+    if snap.method == "classic_control":
+        _restore_classic_control(layers[-1], snap.state)
+    elif snap.method == "mujoco":
+        _restore_mujoco(layers[-1], snap.state)
+    elif snap.method == "deepcopy":
+        _restore_deepcopy(layers, snap)
+    else:
+        raise ValueError(f"restore(): unknown snapshot method {snap.method!r}.")
+    _restore_counters(layers, snap, reset_time_limit)
+    return np.array(snap.observation, copy=True)
+
+
+def _check_same_kind(env: Any, snap: Snapshot, env_type: str) -> None:
+    """`restore`: the env has the snapshot's spaces and (except for "deepcopy") its class."""
     for what, have, want in (
         ("observation", env.observation_space, snap.observation_space),
         ("action", env.action_space, snap.action_space),
@@ -311,55 +352,57 @@ def restore(env: Any, snap: Snapshot, *, reset_time_limit: bool = False) -> np.n
         if have != want:
             raise ValueError(
                 f"restore(): mismatched {what} spaces: the snapshot was taken in {want}, the env has "
-                f"{have} (snapshot of {snap.env_type}, env {_qualname(unwrapped)})."
+                f"{have} (snapshot of {snap.env_type}, env {env_type})."
             )
-    if snap.method != "deepcopy" and _qualname(unwrapped) != snap.env_type:
-        raise ValueError(
-            f"restore(): the snapshot is of a {snap.env_type}, the env is a {_qualname(unwrapped)}."
-        )
-    st = snap.state
-    if snap.method != "deepcopy" and _never_reset(layers):
-        # OrderEnforcing / PassiveEnvChecker refuse a step before the first reset. Reset below any
-        # SnapshotReset layer (whose own reset would restore a snapshot of its store).
-        inner = max((k for k, layer in enumerate(layers) if isinstance(layer, SnapshotReset)), default=-1)
-        layers[inner + 1].reset()
-    if snap.method == "classic_control":
-        for name, value in st.items():
-            if name != "_np_random":
-                setattr(unwrapped, name, copy.deepcopy(value))
-    elif snap.method == "mujoco":
-        data = unwrapped.data
-        for name in ("qpos", "qvel", *_MUJOCO_FIELDS):
-            if name in st and np.shape(getattr(data, name)) != st[name].shape:
-                raise ValueError(
-                    f"restore(): mismatched MuJoCo models: data.{name} has shape "
-                    f"{np.shape(getattr(data, name))}, the snapshot's {st[name].shape}."
-                )
-        for name in _MUJOCO_FIELDS:
-            if name in st and st[name].size:
-                getattr(data, name)[...] = st[name]
-        if "time" in st:
-            data.time = st["time"]
-        unwrapped.set_state(st["qpos"].copy(), st["qvel"].copy())
-    elif snap.method == "deepcopy":
-        saved = [_qualname(layer) for layer in layers]
-        if tuple(saved) != snap.wrappers:
+    if snap.method != "deepcopy" and env_type != snap.env_type:
+        raise ValueError(f"restore(): the snapshot is of a {snap.env_type}, the env is a {env_type}.")
+
+
+def _restore_classic_control(unwrapped: Any, st: dict[str, Any]) -> None:
+    for name, value in st.items():
+        if name != "_np_random":
+            setattr(unwrapped, name, copy.deepcopy(value))
+
+
+def _restore_mujoco(unwrapped: Any, st: dict[str, Any]) -> None:
+    data = unwrapped.data
+    for name in ("qpos", "qvel", *_MUJOCO_FIELDS):
+        if name in st and np.shape(getattr(data, name)) != st[name].shape:
             raise ValueError(
-                f"restore(): a 'deepcopy' snapshot restores into the same wrapper chain; the snapshot "
-                f"has {list(snap.wrappers)}, the env {saved}."
+                f"restore(): mismatched MuJoCo models: data.{name} has shape "
+                f"{np.shape(getattr(data, name))}, the snapshot's {st[name].shape}."
             )
-        fresh = _chain(copy.deepcopy(st["env"]))
-        for k, (target, source) in enumerate(zip(layers, fresh, strict=True)):
-            inner = target.__dict__.get("env")
-            target.__dict__.clear()
-            target.__dict__.update(source.__dict__)
-            if k < len(layers) - 1:  # a wrapper keeps pointing at its own inner env
-                target.__dict__["env"] = inner
-    else:
-        raise ValueError(f"restore(): unknown snapshot method {snap.method!r}.")
+    for name in _MUJOCO_FIELDS:
+        if name in st and st[name].size:
+            getattr(data, name)[...] = st[name]
+    if "time" in st:
+        data.time = st["time"]
+    unwrapped.set_state(st["qpos"].copy(), st["qvel"].copy())
+
+
+def _restore_deepcopy(layers: list[Any], snap: Snapshot) -> None:
+    """Copy each layer of a fresh copy of the saved chain into ``layers``, in place."""
+    saved = [_qualname(layer) for layer in layers]
+    if tuple(saved) != snap.wrappers:
+        raise ValueError(
+            f"restore(): a 'deepcopy' snapshot restores into the same wrapper chain; the snapshot "
+            f"has {list(snap.wrappers)}, the env {saved}."
+        )
+    fresh = _chain(copy.deepcopy(snap.state["env"]))
+    for k, (target, source) in enumerate(zip(layers, fresh, strict=True)):
+        inner = target.__dict__.get("env")
+        target.__dict__.clear()
+        target.__dict__.update(source.__dict__)
+        if k < len(layers) - 1:  # a wrapper keeps pointing at its own inner env
+            target.__dict__["env"] = inner
+
+
+def _restore_counters(layers: list[Any], snap: Snapshot, reset_time_limit: bool) -> None:
+    """The env's ``np_random``, the ``TimeLimit`` step counters and OrderEnforcing's reset flag."""
+    st = snap.state
     if snap.method != "deepcopy":
         if st.get("_np_random") is not None:
-            unwrapped.np_random = copy.deepcopy(st["_np_random"])
+            layers[-1].np_random = copy.deepcopy(st["_np_random"])
         for limit in _time_limits(layers):
             limit._elapsed_steps = snap.elapsed_steps if snap.elapsed_steps is not None else 0
     if reset_time_limit:
@@ -368,7 +411,6 @@ def restore(env: Any, snap: Snapshot, *, reset_time_limit: bool = False) -> np.n
     for layer in layers:  # OrderEnforcing: stepping a restored env is allowed
         if hasattr(layer, "_has_reset"):
             layer._has_reset = True
-    return np.array(snap.observation, copy=True)
 
 
 # ---- the store ----------------------------------------------------------------------------------
@@ -528,7 +570,7 @@ class SnapshotReset:
             raise TypeError(
                 f"SnapshotReset needs a grpo.gym.resets.SnapshotStore; got {type(store).__name__}."
             )
-        _gym().Wrapper.__init__(self, env)
+        import_gymnasium().Wrapper.__init__(self, env)
         self.store = store
         self.reset_time_limit = reset_time_limit
         self.reset_inner = reset_inner
@@ -560,7 +602,7 @@ class SnapshotReset:
 
 @functools.cache
 def _snapshot_reset_class() -> type[SnapshotReset]:
-    gym = _gym()
+    gym = import_gymnasium()
     impl = type(
         "SnapshotReset",
         (SnapshotReset, gym.Wrapper),

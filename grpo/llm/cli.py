@@ -34,7 +34,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -71,8 +71,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="GRPO fine-tuning of a Hugging Face causal LM on a prompt dataset.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    a = p.add_argument
-    a("--config", default=None, help="YAML or JSON file with any of these options (CLI wins).")
+    p.add_argument("--config", default=None, help="YAML or JSON file with any of these options (CLI wins).")
+    _add_model_and_data_options(p)
+    _add_lora_options(p)
+    _add_generation_options(p)
+    _add_training_options(p)
+    _add_reward_options(p)
+    _add_output_options(p)
+    return p
+
+
+def _add_model_and_data_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and data")
     g.add_argument("--model-name", default=None, help="HF model name or local path (required).")
     g.add_argument(
@@ -92,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-autocast", action="store_true", help="Disable bf16 autocast on CUDA.")
     g.add_argument("--gradient-checkpointing", action="store_true", help="Recompute activations in backward.")
     g.add_argument("--logprob-chunk-size", type=int, default=512, help="Tokens per LM-head chunk (0 = full).")
+
+
+def _add_lora_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("LoRA (PEFT)")
     g.add_argument(
         "--lora", action="store_true", help="Train a LoRA adapter; the reference is the base model."
@@ -100,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lora-alpha", type=int, default=32, help="LoRA alpha.")
     g.add_argument("--lora-dropout", type=float, default=0.0, help="LoRA dropout.")
     g.add_argument("--lora-target-modules", default="all-linear", help="Comma-separated module names.")
+
+
+def _add_generation_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("generation")
     g.add_argument("--num-generations", type=int, default=4, help="G: completions per prompt.")
     g.add_argument("--max-new-tokens", type=int, default=256, help="Completion length limit.")
@@ -108,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=0.9, help="Nucleus sampling (1 = off).")
     g.add_argument("--min-p", type=float, default=0.0, help="Min-p sampling (0 = off).")
     g.add_argument("--repetition-penalty", type=float, default=1.0, help="Repetition penalty (1 = off).")
+
+
+def _add_training_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("training")
     g.add_argument("--batch-size", type=int, default=4, help="B: prompts per step.")
     g.add_argument("--num-epochs", type=int, default=1, help="Passes over the dataset.")
@@ -135,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--warmup-steps", type=int, default=0, help="Linear LR warmup over this many steps.")
     g.add_argument("--seed", type=int, default=0, help="Random seed.")
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto.")
+
+
+def _add_reward_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("rewards")
     g.add_argument(
         "--reward",
@@ -152,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--format-pattern", default=None, help="Regex for the format reward.")
     g.add_argument("--format-tags", default="think,answer", help="Tags for the format reward.")
     g.add_argument("--overlong-cache", type=int, default=None, help="Soft over-length zone (tokens).")
+
+
+def _add_output_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output and logging")
     g.add_argument("--output-dir", default="./grpo_checkpoints", help="Where checkpoints go.")
     g.add_argument("--logging-steps", type=int, default=10, help="Log metrics every N steps.")
@@ -160,7 +184,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--use-wandb", action="store_true", help="Log to Weights & Biases.")
     g.add_argument("--wandb-project", default="grpo", help="W&B project.")
     g.add_argument("--wandb-run-name", default=None, help="W&B run name.")
-    return p
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
@@ -357,82 +380,19 @@ def train(args: argparse.Namespace) -> dict[str, float]:
     """Run the training described by ``args``; return the last step's metrics."""
     transformers = require("transformers")
     dataset = PromptDataset.load(args.dataset, prompt_column=args.prompt_column)
-    dtype = torch.bfloat16 if args.bf16 else torch.float32
-    tokenizer = transformers.AutoTokenizer.from_pretrained(args.model_name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(args.model_name, dtype=dtype)
-    if args.lora:
-        peft = require("peft")
-        targets = args.lora_target_modules
-        lora_cfg = peft.LoraConfig(
-            r=args.lora_r,
-            lora_alpha=args.lora_alpha,
-            lora_dropout=args.lora_dropout,
-            target_modules=targets if targets == "all-linear" else [t for t in targets.split(",") if t],
-            task_type="CAUSAL_LM",
-        )
-        torch.manual_seed(args.seed)  # the adapter's random init (LoRA A) follows --seed
-        model = peft.get_peft_model(model, lora_cfg)
-    chat = {"auto": None, "yes": True, "no": False}[args.use_chat_template]
-    policy = CausalLMPolicy(
-        model,
-        tokenizer,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty,
-        use_chat_template=chat,
-        system_prompt=args.system_prompt,
-        max_prompt_length=args.max_prompt_length,
-        logprob_chunk_size=args.logprob_chunk_size or None,
-        gradient_checkpointing=args.gradient_checkpointing,
-        autocast=not args.no_autocast,
-    )
+    policy = _build_policy(args, *_load_model(args, transformers))
     rewards = build_rewards(args)
-    config = GRPOConfig(
-        group_size=args.num_generations,
-        batch_size=args.batch_size,
-        micro_batch_size=args.batch_size // args.gradient_accumulation_steps,
-        learning_rate=args.learning_rate,
-        weight_decay=args.weight_decay,
-        num_epochs_per_update=args.num_iterations,
-        clip_epsilon=args.clip_range,
-        clip_epsilon_high=args.clip_range_high,
-        kl_coeff=args.kl_coef,
-        max_grad_norm=args.max_grad_norm,
-        warmup_steps=max(0, args.warmup_steps) * args.num_iterations,  # GRPO steps -> optimizer steps
-        device=args.device,
-        seed=args.seed,
-    )
+    config = _build_config(args)
     reference = policy.reference_policy() if args.kl_coef > 0 else None
     trainer = GRPOTrainer(config, policy, rewards, reference_policy=reference)
-
-    # Under torchrun / accelerate launch each step draws a global batch of world * batch_size
-    # prompts (the same order on every rank: same seed) and each rank takes its shard; only full
-    # global batches are used, so every rank takes the same number of steps.
-    world = get_world_size()
-    main_proc = is_main_process()
-    global_batch = args.batch_size * world
-    drop_last = world > 1
-    per_epoch = dataset.num_batches(global_batch, 1, drop_last=drop_last)
-    epochs = args.num_epochs if args.max_steps is None else max(1, -(-args.max_steps // max(per_epoch, 1)))
-    total = per_epoch * epochs
-    if per_epoch == 0:
-        raise ValueError(
-            f"{len(dataset)} prompts do not fill one global batch of {global_batch} "
-            f"(--batch-size={args.batch_size} x {world} processes); use more prompts or a smaller "
-            f"--batch-size."
-        )
-    if args.max_steps is not None:
-        total = args.max_steps
+    plan = _plan_steps(args, dataset)
     out_dir = Path(args.output_dir)
-    if main_proc:
+    if plan.main_process:
         out_dir.mkdir(parents=True, exist_ok=True)
     logger.info(
-        "%d prompts, %d a step: %d steps (%d epoch%s of %d steps%s)", len(dataset), global_batch, total,
-        epochs, "s" if epochs > 1 else "", per_epoch,
-        "; --max-steps cycles the data" if args.max_steps is not None and epochs > 1 else "",
+        "%d prompts, %d a step: %d steps (%d epoch%s of %d steps%s)", len(dataset), plan.global_batch,
+        plan.total, plan.epochs, "s" if plan.epochs > 1 else "", plan.per_epoch,
+        "; --max-steps cycles the data" if args.max_steps is not None and plan.epochs > 1 else "",
     )  # fmt: skip
     step_metrics = _StepMetrics(policy, rewards, args.num_generations)
     # each global batch from the prompt list, cut into this rank's share (identity on one
@@ -440,15 +400,15 @@ def train(args: argparse.Namespace) -> dict[str, float]:
     batches = step_metrics.batches(
         rank_batches(
             dataset.records,
-            dataset.batches(global_batch, seed=args.seed, epochs=epochs, drop_last=drop_last),
+            dataset.batches(plan.global_batch, seed=args.seed, epochs=plan.epochs, drop_last=plan.drop_last),
         )
     )
     t_start = time.perf_counter()
     with contextlib.ExitStack() as stack:
-        sinks = _sinks(args, out_dir, stack) if main_proc else []
+        sinks = _sinks(args, out_dir, stack) if plan.main_process else []
         state = trainer.train(
             batches,
-            num_steps=total,
+            num_steps=plan.total,
             callbacks=[step_metrics, _SaveCheckpoints(policy, out_dir, args)],
             sinks=sinks,
             progress=False if args.no_progress else "bar",
@@ -464,6 +424,100 @@ def train(args: argparse.Namespace) -> dict[str, float]:
         final,
     )
     return metrics
+
+
+def _load_model(args: argparse.Namespace, transformers: Any) -> tuple[Any, Any]:
+    """The model (in bfloat16 with ``--bf16``; wrapped in a LoRA adapter with ``--lora``) and tokenizer."""
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    tokenizer = transformers.AutoTokenizer.from_pretrained(args.model_name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.model_name, dtype=dtype)
+    if args.lora:
+        peft = require("peft")
+        targets = args.lora_target_modules
+        lora_cfg = peft.LoraConfig(
+            r=args.lora_r,
+            lora_alpha=args.lora_alpha,
+            lora_dropout=args.lora_dropout,
+            target_modules=targets if targets == "all-linear" else [t for t in targets.split(",") if t],
+            task_type="CAUSAL_LM",
+        )
+        torch.manual_seed(args.seed)  # the adapter's random init (LoRA A) follows --seed
+        model = peft.get_peft_model(model, lora_cfg)
+    return model, tokenizer
+
+
+def _build_policy(args: argparse.Namespace, model: Any, tokenizer: Any) -> CausalLMPolicy:
+    """The `CausalLMPolicy` with the generation and log-prob options of ``args``."""
+    chat = {"auto": None, "yes": True, "no": False}[args.use_chat_template]
+    return CausalLMPolicy(
+        model,
+        tokenizer,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        use_chat_template=chat,
+        system_prompt=args.system_prompt,
+        max_prompt_length=args.max_prompt_length,
+        logprob_chunk_size=args.logprob_chunk_size or None,
+        gradient_checkpointing=args.gradient_checkpointing,
+        autocast=not args.no_autocast,
+    )
+
+
+def _build_config(args: argparse.Namespace) -> GRPOConfig:
+    """The `GRPOConfig` of the command's training options."""
+    return GRPOConfig(
+        group_size=args.num_generations,
+        batch_size=args.batch_size,
+        micro_batch_size=args.batch_size // args.gradient_accumulation_steps,
+        learning_rate=args.learning_rate,
+        weight_decay=args.weight_decay,
+        num_epochs_per_update=args.num_iterations,
+        clip_epsilon=args.clip_range,
+        clip_epsilon_high=args.clip_range_high,
+        kl_coeff=args.kl_coef,
+        max_grad_norm=args.max_grad_norm,
+        warmup_steps=max(0, args.warmup_steps) * args.num_iterations,  # GRPO steps -> optimizer steps
+        device=args.device,
+        seed=args.seed,
+    )
+
+
+class _StepPlan(NamedTuple):
+    main_process: bool
+    global_batch: int  # prompts per step over all processes
+    drop_last: bool
+    per_epoch: int  # steps per pass over the dataset
+    epochs: int
+    total: int  # steps to train
+
+
+def _plan_steps(args: argparse.Namespace, dataset: PromptDataset) -> _StepPlan:
+    """How many steps of how many prompts, over how many passes of the dataset.
+
+    Under torchrun / accelerate launch each step draws a global batch of world * batch_size
+    prompts (the same order on every rank: same seed) and each rank takes its shard; only full
+    global batches are used, so every rank takes the same number of steps.
+    """
+    world = get_world_size()
+    main_proc = is_main_process()
+    global_batch = args.batch_size * world
+    drop_last = world > 1
+    per_epoch = dataset.num_batches(global_batch, 1, drop_last=drop_last)
+    epochs = args.num_epochs if args.max_steps is None else max(1, -(-args.max_steps // max(per_epoch, 1)))
+    total = per_epoch * epochs
+    if per_epoch == 0:
+        raise ValueError(
+            f"{len(dataset)} prompts do not fill one global batch of {global_batch} "
+            f"(--batch-size={args.batch_size} x {world} processes); use more prompts or a smaller "
+            f"--batch-size."
+        )
+    if args.max_steps is not None:
+        total = args.max_steps
+    return _StepPlan(main_proc, global_batch, drop_last, per_epoch, epochs, total)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -178,16 +178,7 @@ def chunked_token_logprobs(
         recompute: checkpoint each chunk so the backward recomputes its logits; default: when
             gradients are enabled and ``hidden`` or ``weight`` requires grad.
     """
-    if temperature <= 0:
-        raise ValueError(
-            f"temperature={temperature!r}: log-probs need a temperature > 0 (greedy decoding has "
-            "no density). Use the temperature the completions were sampled at, e.g. 1.0."
-        )
-    if hidden.shape[:-1] != targets.shape:
-        raise ValueError(
-            f"hidden has shape {tuple(hidden.shape)} but targets {tuple(targets.shape)}; expected "
-            "hidden (..., H) and targets (...) with the same leading dimensions."
-        )
+    _check_logprob_inputs(hidden, targets, temperature)
     lead = targets.shape
     h = hidden.reshape(-1, hidden.shape[-1])  # (n, H)
     y = targets.reshape(-1).to(torch.long)
@@ -202,11 +193,45 @@ def chunked_token_logprobs(
             h, weight, bias, y, logit_scale * inv_t, size, with_entropy
         )
         return lp_flat.reshape(lead), (ent_flat.reshape(lead) if with_entropy else None)
+    logp, entropy = _autograd_chunks(
+        h, weight, bias, y, size, inv_t, logit_scale, softcap, with_entropy, recompute=recompute and size < n
+    )
+    return logp.reshape(lead), (entropy.reshape(lead) if entropy is not None else None)
+
+
+def _check_logprob_inputs(hidden: Tensor, targets: Tensor, temperature: float) -> None:
+    if temperature <= 0:
+        raise ValueError(
+            f"temperature={temperature!r}: log-probs need a temperature > 0 (greedy decoding has "
+            "no density). Use the temperature the completions were sampled at, e.g. 1.0."
+        )
+    if hidden.shape[:-1] != targets.shape:
+        raise ValueError(
+            f"hidden has shape {tuple(hidden.shape)} but targets {tuple(targets.shape)}; expected "
+            "hidden (..., H) and targets (...) with the same leading dimensions."
+        )
+
+
+def _autograd_chunks(
+    h: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    y: Tensor,
+    size: int,
+    inv_t: float,
+    logit_scale: float,
+    softcap: float | None,
+    with_entropy: bool,
+    *,
+    recompute: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """`_chunk_stats` over ``size`` rows at a time through autograd (checkpointed if ``recompute``):
+    log-probs (n,) and entropies (n,) (None when not ``with_entropy``)."""
     logps: list[Tensor] = []
     ents: list[Tensor] = []
-    for start in range(0, max(n, 1), size):
+    for start in range(0, max(h.shape[0], 1), size):
         hc, yc = h[start : start + size], y[start : start + size]
-        if recompute and size < n:
+        if recompute:
             lp, ent = checkpoint(
                 _chunk_stats,
                 hc,
@@ -223,9 +248,7 @@ def chunked_token_logprobs(
             lp, ent = _chunk_stats(hc, weight, bias, yc, inv_t, logit_scale, softcap, with_entropy)
         logps.append(lp)
         ents.append(ent)
-    logp = torch.cat(logps).reshape(lead)
-    entropy = torch.cat(ents).reshape(lead) if with_entropy else None
-    return logp, entropy
+    return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
 
 
 def naive_token_logprobs(

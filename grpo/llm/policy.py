@@ -25,7 +25,7 @@ import contextlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import Tensor, nn
@@ -73,6 +73,78 @@ def _is_peft(model: Any) -> bool:
     )
 
 
+def _check_sampling_options(
+    max_new_tokens: int, temperature: float, top_p: float, top_k: int, min_p: float, repetition_penalty: float
+) -> None:
+    """The sampling arguments of `CausalLMPolicy`: ValueError naming the first one out of range."""
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1.")
+    if not temperature > 0:
+        raise ValueError(
+            f"temperature={temperature!r} must be > 0: GRPO needs sampled completions and "
+            "their log-probs (greedy decoding has no density). Use e.g. 0.7 or 1.0."
+        )
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p={top_p!r} must be in (0, 1]; 1 switches nucleus sampling off.")
+    if top_k < 0:
+        raise ValueError(f"top_k={top_k!r} must be >= 0; 0 switches top-k off.")
+    if not 0 <= min_p < 1:
+        raise ValueError(f"min_p={min_p!r} must be in [0, 1); 0 switches it off.")
+    if not repetition_penalty > 0:
+        raise ValueError(f"repetition_penalty={repetition_penalty!r} must be > 0 (1 = off).")
+
+
+def _eos_token_ids(tokenizer: Any, model: Any) -> list[int]:
+    """The ids that end a completion: the tokenizer's EOS and the model's generation_config ones,
+    without repeats, in that order."""
+    eos = tokenizer.eos_token_id
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids: list[int] = []
+    for v in (eos, gen_eos):
+        if isinstance(v, int):
+            ids.append(v)
+        elif isinstance(v, (list, tuple)):
+            ids.extend(int(x) for x in v)
+    if not ids:
+        raise ValueError(
+            "the tokenizer has no eos_token_id, so completions could never stop. Set "
+            "tokenizer.eos_token (e.g. tokenizer.eos_token = '</s>')."
+        )
+    return list(dict.fromkeys(ids))
+
+
+def _scoring_temperature(comps: Sequence[Any]) -> float:
+    """The one temperature the completions ``comps`` were sampled at (TypeError for an item that is
+    not a `Completion`, ValueError for none or several temperatures)."""
+    bad = [i for i, c in enumerate(comps) if not isinstance(c, Completion)]
+    if bad:
+        raise TypeError(
+            f"CausalLMPolicy.evaluate_actions expects grpo.llm.Completion actions (from "
+            f"generate_actions); item {bad[0]} is {type(comps[bad[0]]).__name__}."
+        )
+    if not comps:
+        raise ValueError("evaluate_actions got no completions.")
+    temps: set[float] = {c.temperature for c in comps}
+    if len(temps) > 1:
+        raise ValueError(
+            f"completions sampled at different temperatures {sorted(temps)} cannot be scored "
+            "in one call; score each temperature separately."
+        )
+    return temps.pop()
+
+
+class _ScoringInputs(NamedTuple):
+    """What `CausalLMPolicy.evaluate_actions` feeds the model: prompts left-padded to width P,
+    completions right-padded to T."""
+
+    input_ids: Tensor  # (N, P+T-1)
+    attn: Tensor  # (N, P+T-1) attention mask
+    position_ids: Tensor  # (N, P+T-1)
+    targets: Tensor  # (N, T) completion ids
+    mask: Tensor  # (N, T) bool, by position
+    prompt_width: int  # P
+
+
 class CausalLMPolicy:
     """A `PolicyModel` (with ``evaluate_actions``) over a Hugging Face causal LM.
 
@@ -113,21 +185,7 @@ class CausalLMPolicy:
         autocast: bool = True,
         generation_batch_size: int | None = None,
     ) -> None:
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1.")
-        if not temperature > 0:
-            raise ValueError(
-                f"temperature={temperature!r} must be > 0: GRPO needs sampled completions and "
-                "their log-probs (greedy decoding has no density). Use e.g. 0.7 or 1.0."
-            )
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p={top_p!r} must be in (0, 1]; 1 switches nucleus sampling off.")
-        if top_k < 0:
-            raise ValueError(f"top_k={top_k!r} must be >= 0; 0 switches top-k off.")
-        if not 0 <= min_p < 1:
-            raise ValueError(f"min_p={min_p!r} must be in [0, 1); 0 switches it off.")
-        if not repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty={repetition_penalty!r} must be > 0 (1 = off).")
+        _check_sampling_options(max_new_tokens, temperature, top_p, top_k, min_p, repetition_penalty)
         if logprob_chunk_size is not None and logprob_chunk_size < 1:
             raise ValueError(f"logprob_chunk_size={logprob_chunk_size!r} must be >= 1 or None.")
         self.model = model
@@ -145,21 +203,7 @@ class CausalLMPolicy:
         self.autocast = autocast
         self.generation_batch_size = generation_batch_size
         self.is_peft = _is_peft(model)
-
-        eos = tokenizer.eos_token_id
-        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        ids: list[int] = []
-        for v in (eos, gen_eos):
-            if isinstance(v, int):
-                ids.append(v)
-            elif isinstance(v, (list, tuple)):
-                ids.extend(int(x) for x in v)
-        if not ids:
-            raise ValueError(
-                "the tokenizer has no eos_token_id, so completions could never stop. Set "
-                "tokenizer.eos_token (e.g. tokenizer.eos_token = '</s>')."
-            )
-        self.eos_token_ids: list[int] = list(dict.fromkeys(ids))
+        self.eos_token_ids: list[int] = _eos_token_ids(tokenizer, model)
         pad = tokenizer.pad_token_id
         self.pad_token_id: int = int(pad) if pad is not None else self.eos_token_ids[0]
         if gradient_checkpointing:
@@ -278,20 +322,7 @@ class CausalLMPolicy:
         g = int(num_actions_per_state)
         prompts = [torch.tensor(self.encode_prompt(s), dtype=torch.long) for s in states]
         rows = [p for p in prompts for _ in range(g)]  # group-major: row k is prompt k // g
-        top_k = int(kwargs.get("top_k", self.top_k))
-        min_p = float(kwargs.get("min_p", self.min_p))
-        gen_cfg = transformers.GenerationConfig(
-            do_sample=True,
-            temperature=self.temperature,
-            top_p=float(kwargs.get("top_p", self.top_p)),
-            top_k=top_k if top_k > 0 else None,
-            min_p=min_p if min_p > 0 else None,
-            repetition_penalty=float(kwargs.get("repetition_penalty", self.repetition_penalty)),
-            max_new_tokens=int(kwargs.get("max_new_tokens", self.max_new_tokens)),
-            eos_token_id=self.eos_token_ids,
-            pad_token_id=self.pad_token_id,
-            use_cache=True,
-        )
+        gen_cfg = self._generation_config(transformers, kwargs)
         device = self.device
         # ZeRO-3 or FSDP on several processes: every forward all-gathers weights, so every rank
         # keeps stepping until all ranks' sequences are done (rows that finished only get padding).
@@ -302,28 +333,54 @@ class CausalLMPolicy:
         n_tokens = 0
         eos = torch.tensor(self.eos_token_ids)
         for start in range(0, len(rows), chunk):
-            part = rows[start : start + chunk]
-            ids, attn = self._left_pad(part)
-            width = ids.shape[1]
-            with torch.no_grad(), self._autocast():
-                seqs = self.model.generate(
-                    input_ids=ids.to(device),
-                    attention_mask=attn.to(device),
-                    generation_config=gen_cfg,
-                    synced_gpus=synced,
-                )
-            comp = seqs[:, width:].cpu()  # (n, T') completion ids, padded after the first EOS
-            is_eos = torch.isin(comp, eos)
-            has_eos = is_eos.any(dim=1)
-            first = is_eos.int().argmax(dim=1)
-            lengths = torch.where(has_eos, first + 1, torch.full_like(first, comp.shape[1]))
-            token_rows = [comp[i, : int(lengths[i])].clone() for i in range(comp.shape[0])]
-            texts = self.tokenizer.batch_decode([t.tolist() for t in token_rows], skip_special_tokens=True)
-            n_tokens += int(lengths.sum())
-            for i, (toks, text) in enumerate(zip(token_rows, texts, strict=True)):
-                out.append(Completion(part[i], toks, text, bool(has_eos[i]), self.temperature))
+            completions = self._generate_rows(rows[start : start + chunk], gen_cfg, synced, device, eos)
+            n_tokens += sum(len(c) for c in completions)
+            out.extend(completions)
         self.last_generation = {"completion_tokens": float(n_tokens), "seconds": time.perf_counter() - t0}
         return [out[k * g : (k + 1) * g] for k in range(len(prompts))]
+
+    def _generation_config(self, transformers: Any, overrides: Mapping[str, Any]) -> Any:
+        """The ``GenerationConfig`` of one `generate_actions` call (its keyword overrides applied)."""
+        top_k = int(overrides.get("top_k", self.top_k))
+        min_p = float(overrides.get("min_p", self.min_p))
+        return transformers.GenerationConfig(
+            do_sample=True,
+            temperature=self.temperature,
+            top_p=float(overrides.get("top_p", self.top_p)),
+            top_k=top_k if top_k > 0 else None,
+            min_p=min_p if min_p > 0 else None,
+            repetition_penalty=float(overrides.get("repetition_penalty", self.repetition_penalty)),
+            max_new_tokens=int(overrides.get("max_new_tokens", self.max_new_tokens)),
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            use_cache=True,
+        )
+
+    def _generate_rows(
+        self, part: Sequence[Tensor], gen_cfg: Any, synced: bool, device: torch.device, eos: Tensor
+    ) -> list[Completion]:
+        """One ``generate`` call on the prompt rows ``part``: a `Completion` per row, cut after its
+        first token in ``eos``."""
+        ids, attn = self._left_pad(part)
+        width = ids.shape[1]
+        with torch.no_grad(), self._autocast():
+            seqs = self.model.generate(
+                input_ids=ids.to(device),
+                attention_mask=attn.to(device),
+                generation_config=gen_cfg,
+                synced_gpus=synced,
+            )
+        comp = seqs[:, width:].cpu()  # (n, T') completion ids, padded after the first EOS
+        is_eos = torch.isin(comp, eos)
+        has_eos = is_eos.any(dim=1)
+        first = is_eos.int().argmax(dim=1)
+        lengths = torch.where(has_eos, first + 1, torch.full_like(first, comp.shape[1]))
+        token_rows = [comp[i, : int(lengths[i])].clone() for i in range(comp.shape[0])]
+        texts = self.tokenizer.batch_decode([t.tolist() for t in token_rows], skip_special_tokens=True)
+        return [
+            Completion(part[i], toks, text, bool(has_eos[i]), self.temperature)
+            for i, (toks, text) in enumerate(zip(token_rows, texts, strict=True))
+        ]
 
     # ---- log-probs ---------------------------------------------------------------------------
     def get_log_probabilities(self, states: Any, actions: Sequence[Completion]) -> PolicyOutput:
@@ -347,35 +404,9 @@ class CausalLMPolicy:
         then skips its terms).
         """
         comps = list(actions)
-        bad = [i for i, c in enumerate(comps) if not isinstance(c, Completion)]
-        if bad:
-            raise TypeError(
-                f"CausalLMPolicy.evaluate_actions expects grpo.llm.Completion actions (from "
-                f"generate_actions); item {bad[0]} is {type(comps[bad[0]]).__name__}."
-            )
-        if not comps:
-            raise ValueError("evaluate_actions got no completions.")
-        temps = {c.temperature for c in comps}
-        if len(temps) > 1:
-            raise ValueError(
-                f"completions sampled at different temperatures {sorted(temps)} cannot be scored "
-                "in one call; score each temperature separately."
-            )
-        temperature = temps.pop()
+        temperature = _scoring_temperature(comps)
         device = self.device
-        prompt_ids, prompt_attn = self._left_pad([c.prompt_ids for c in comps])  # (N, P)
-        p = prompt_ids.shape[1]
-        lengths = torch.tensor([len(c) for c in comps], dtype=torch.long)
-        t = max(int(lengths.max()), 1)
-        comp_ids = torch.full((len(comps), t), self.pad_token_id, dtype=torch.long)
-        for i, c in enumerate(comps):
-            comp_ids[i, : len(c)] = c.token_ids
-        mask = torch.arange(t).unsqueeze(0) < lengths.unsqueeze(1)  # (N, T) by position
-        input_ids = torch.cat([prompt_ids, comp_ids], dim=1)[:, :-1].to(device)  # (N, P+T-1)
-        attn = torch.cat([prompt_attn, mask.long()], dim=1)[:, :-1].to(device)
-        position_ids = (attn.cumsum(dim=1) - 1).clamp(min=0)
-        targets = comp_ids.to(device)  # token P+j is scored by the hidden state at P+j-1
-        mask = mask.to(device)
+        input_ids, attn, position_ids, targets, mask, p = self._scoring_inputs(comps, device)
 
         def forward() -> tuple[Tensor, Tensor | None]:
             return self._score(input_ids, attn, position_ids, targets, p, temperature, with_entropy)
@@ -397,6 +428,21 @@ class CausalLMPolicy:
         if entropy is not None:
             entropy = torch.where(mask, entropy, zero)
         return PolicyOutput(log_probs=logp, mask=mask, entropy=entropy)
+
+    def _scoring_inputs(self, comps: Sequence[Completion], device: torch.device) -> _ScoringInputs:
+        """The forward's inputs for scoring ``comps``, on ``device`` (`_ScoringInputs`)."""
+        prompt_ids, prompt_attn = self._left_pad([c.prompt_ids for c in comps])  # (N, P)
+        lengths = torch.tensor([len(c) for c in comps], dtype=torch.long)
+        t = max(int(lengths.max()), 1)
+        comp_ids = torch.full((len(comps), t), self.pad_token_id, dtype=torch.long)
+        for i, c in enumerate(comps):
+            comp_ids[i, : len(c)] = c.token_ids
+        mask = torch.arange(t).unsqueeze(0) < lengths.unsqueeze(1)  # (N, T) by position
+        input_ids = torch.cat([prompt_ids, comp_ids], dim=1)[:, :-1].to(device)  # (N, P+T-1)
+        attn = torch.cat([prompt_attn, mask.long()], dim=1)[:, :-1].to(device)
+        position_ids = (attn.cumsum(dim=1) - 1).clamp(min=0)
+        targets = comp_ids.to(device)  # token P+j is scored by the hidden state at P+j-1
+        return _ScoringInputs(input_ids, attn, position_ids, targets, mask.to(device), prompt_ids.shape[1])
 
     def _score(
         self,

@@ -82,6 +82,24 @@ def build_tiny_model(
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
     }
+    model = _random_model(transformers, arch, v, hidden, layers, heads, kv_heads, intermediate, ids)
+    model.save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+    return transformers.AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
+
+
+def _random_model(
+    transformers: Any,
+    arch: str,
+    vocab_size: int,
+    hidden: int,
+    layers: int,
+    heads: int,
+    kv_heads: int | None,
+    intermediate: int | None,
+    ids: dict[str, Any],
+) -> Any:
+    """A randomly initialised ``arch`` model of `build_tiny_model` (its docstring has the sizes)."""
     if arch in ("llama", "qwen2"):
         config_cls, model_cls = (
             (transformers.LlamaConfig, transformers.LlamaForCausalLM)
@@ -90,7 +108,7 @@ def build_tiny_model(
         )
         extra = {"tie_word_embeddings": True} if arch == "qwen2" else {}
         cfg = config_cls(
-            vocab_size=v,
+            vocab_size=vocab_size,
             hidden_size=hidden,
             intermediate_size=intermediate or 2 * hidden,
             num_hidden_layers=layers,
@@ -100,10 +118,10 @@ def build_tiny_model(
             **extra,
             **ids,
         )
-        model = model_cls(cfg)
-    elif arch == "gpt2":
+        return model_cls(cfg)
+    if arch == "gpt2":
         cfg = transformers.GPT2Config(
-            vocab_size=v,
+            vocab_size=vocab_size,
             n_embd=hidden,
             n_layer=layers,
             n_head=heads,
@@ -113,9 +131,5 @@ def build_tiny_model(
             attn_pdrop=0.0,
             **ids,
         )
-        model = transformers.GPT2LMHeadModel(cfg)
-    else:
-        raise ValueError(f"arch={arch!r}: choose 'llama', 'qwen2' or 'gpt2'.")
-    model.save_pretrained(str(directory))
-    tokenizer.save_pretrained(str(directory))
-    return transformers.AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
+        return transformers.GPT2LMHeadModel(cfg)
+    raise ValueError(f"arch={arch!r}: choose 'llama', 'qwen2' or 'gpt2'.")
