@@ -21,12 +21,17 @@ Notation (per sample i and step t; one-shot actions have T = 1):
 
 The normaliser counts the whole optimizer step, not the micro-batch, so accumulating gradients
 over micro-batches gives exactly the gradient of the full batch.
+
+Two implementations of this function: the composed path (autograd over the pure functions, any
+loss and KL) and, for the built-in "clip" loss with the built-in KL and entropy terms, the fused
+one in `grpo.algorithms.fused_clip` (values and per-step gradients in one no-grad pass), tested
+equal. Both reduce their per-step values to the statistics with
+`grpo.algorithms.objective_statistics`.
 """
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor
@@ -39,7 +44,15 @@ from grpo.algorithms.aggregation import (
     aggregation_normaliser,
     normaliser_from_count,
 )
-from grpo.algorithms.kl import KL_ESTIMATORS, KLEstimator, KLFn, kl_and_grad, kl_estimate
+from grpo.algorithms.fused_clip import ClipObjectiveSettings, fused_clip_objective
+from grpo.algorithms.kl import KL_ESTIMATORS, KLEstimator, KLFn, kl_estimate
+from grpo.algorithms.objective_statistics import (
+    N_AGGREGATED,
+    STAT_NAMES,
+    ConstantCache,
+    aggregation_weights,
+    objective_statistics,
+)
 from grpo.algorithms.policy_losses import (
     POLICY_LOSSES,
     PolicyLoss,
@@ -105,23 +118,6 @@ def entropy_bonus(logp: Tensor, entropy: Tensor | None = None) -> Tensor:
     return (lp - 1.0).sub_(logp).mul_(lp)  # lp (lp - logp - 1): value -lp, gradient -lp grad(logp)
 
 
-STAT_NAMES: tuple[str, ...] = (
-    "loss",
-    "policy_loss",
-    "kl_loss",
-    "entropy",
-    "steps",
-    "clip_low",
-    "clip_high",
-    "kl_old",
-    "kl_ref",
-    "entropy_sum",
-    "ratio_sum",
-)
-"""Entries of `ObjectiveOutput.stats`, in order."""
-
-_N_AGGREGATED = 4  # STAT_NAMES[:4] are aggregated like the loss; the rest are sums over valid steps
-
 # The metric (grpo.metrics) each statistic becomes in `update_metrics`: the aggregated ones are
 # averaged over optimizer steps, the sums divided by the valid steps ("steps" is that count).
 _STAT_METRICS: tuple[tuple[str, str], ...] = (
@@ -138,26 +134,6 @@ _STAT_METRICS: tuple[tuple[str, str], ...] = (
 )
 
 
-def _log_bound(bound: float) -> float:
-    """``log(bound)`` of a ratio clip bound; ``-inf`` for a bound <= 0, which a ratio (> 0) never
-    reaches: ``clip_epsilon = 1`` means no lower bound, so the low clip never binds."""
-    return math.log(bound) if bound > 0.0 else -math.inf
-
-
-def _as(v: Tensor, dtype: torch.dtype) -> Tensor:
-    return v if v.dtype == dtype else v.to(dtype)
-
-
-def _stacked_sums(raw: list[Tensor], mf: Tensor, w: Tensor | None, normaliser: Tensor | float) -> Tensor:
-    """The k rows' weighted sums, then their masked sums (2k,), with one matrix product on their
-    stack (fewest dispatches for small inputs); ``w`` None: the weights are ``mf / normaliser``."""
-    stack = torch.stack([_as(v, mf.dtype) for v in raw]).reshape(len(raw), -1)
-    if w is None:
-        masked = (mf.reshape(1, -1) @ stack.T).view(-1)
-        return torch.cat([masked / normaliser, masked])  # weighted, then masked sums
-    return (torch.stack([_as(w, mf.dtype), mf]).view(2, -1) @ stack.T).view(-1)
-
-
 def update_metrics(stats: Tensor, extremes: Tensor, optimizer_steps: int) -> tuple[dict[str, float], float]:
     """The update's metrics from its objective statistics: ``stats`` summed over every
     micro-batch of every optimizer step, ``extremes`` merged with ``torch.maximum``. Returns the
@@ -167,23 +143,11 @@ def update_metrics(stats: Tensor, extremes: Tensor, optimizer_steps: int) -> tup
     steps = named["steps"]
     per_step = max(steps, 1.0)
     out = {
-        metric: named[stat] / (optimizer_steps if i < _N_AGGREGATED else per_step)
+        metric: named[stat] / (optimizer_steps if i < N_AGGREGATED else per_step)
         for i, (stat, metric) in enumerate(_STAT_METRICS)
     }
     out["ratio/min"], out["ratio/max"] = -values[-2], values[-1]
     return out, steps
-
-
-# Rows of the per-step value stack that `_statistics` reduces, in this order (those given).
-# "logp" enters no statistic: a non-finite log-prob on a valid step makes every stat NaN (0 * inf in
-# the reduction), so the trainer sees a non-finite loss and contains the step.
-_ROWS = ("policy", "kl", "entropy", "mask", "clip_low", "clip_high", "ratio", "log_ratio", "logp")
-# Up to this many (n, T) elements `_statistics` stacks the rows and reduces them with one matrix
-# product (fewest dispatches); above it, one dot product per row (no stacked copy of the rows).
-_SMALL = 1 << 15
-# Rows whose weighted sum (aggregated like the loss) some stat uses; every other row is used only
-# through its masked sum, and the policy row only through its weighted sum.
-_WEIGHTED_ROWS = ("policy", "kl", "entropy")
 
 
 class ObjectiveOutput(NamedTuple):
@@ -219,7 +183,7 @@ class ObjectiveOutput(NamedTuple):
     def rescale(stats: Tensor, divisor: Tensor) -> Tensor:
         """``stats`` whose aggregated entries (loss, policy_loss, kl_loss, entropy) were computed
         with normaliser 1, divided by the optimizer step's ``divisor`` (the counts stay)."""
-        return torch.cat([stats[:_N_AGGREGATED] / divisor, stats[_N_AGGREGATED:]])
+        return torch.cat([stats[:N_AGGREGATED] / divisor, stats[N_AGGREGATED:]])
 
     @property
     def sums(self) -> dict[str, Tensor]:
@@ -230,29 +194,6 @@ class ObjectiveOutput(NamedTuple):
         out["entropy"], out["ratio"] = named["entropy_sum"], named["ratio_sum"]
         out["ratio_min"], out["ratio_max"] = -self.extremes[0], self.extremes[1]
         return out
-
-
-class _FusedLoss(torch.autograd.Function):
-    """A scalar loss whose value and per-step gradients were computed in the forward pass.
-
-    ``apply(logp, entropy, value, g_logp, g_entropy)`` returns ``value``; its backward is
-    ``grad * g_logp`` for ``logp`` and ``grad * g_entropy`` for ``entropy`` (None when the entropy
-    is not differentiated). Saves the autograd graph of the ~30 element-wise ops of the loss.
-    """
-
-    @staticmethod
-    def forward(
-        ctx: Any, logp: Tensor, entropy: Tensor | None, value: Tensor, g_logp: Tensor, g_ent: Tensor | None
-    ) -> Tensor:
-        ctx.has_ent = g_ent is not None
-        ctx.save_for_backward(g_logp, g_ent)
-        return value.clone()
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, ...]:
-        (grad,) = grads
-        g_logp, g_ent = ctx.saved_tensors
-        return grad * g_logp, (grad * g_ent if ctx.has_ent else None), None, None, None
 
 
 class GRPOObjective:
@@ -317,7 +258,7 @@ class GRPOObjective:
         self.loss_fn = loss_fn
         self.kl_fn = kl_fn
         # per dtype / device constants, rebuilt when a coefficient changes
-        self._cache: dict[str, tuple[tuple[Any, ...], Any]] = {}
+        self._cache: ConstantCache = {}
         if aggregation == "seq-mean-token-sum-norm":  # fail at construction, not mid-step
             aggregation_normaliser(torch.ones(1, 1, dtype=torch.bool), aggregation, constant=loss_normaliser)
 
@@ -431,15 +372,24 @@ class GRPOObjective:
         `GRPOConfig.sampler_is_cap`); the KL and entropy terms are not weighted.
 
         The KL is computed (for metrics) whenever ``logp_ref`` is given; it enters the loss only
-        when ``kl_coeff != 0``. The built-in "clip" loss with the built-in KL takes a fused path
-        (values and per-step gradients in one no-grad pass, `_FusedLoss`); it equals the composed
-        path (tests compare both to plain loops in float64).
+        when ``kl_coeff != 0``. The built-in "clip" loss with the built-in KL takes the fused path
+        (`grpo.algorithms.fused_clip`: values and per-step gradients in one no-grad pass); it
+        equals the composed path (tests compare both to plain loops in float64).
         """
         if self.policy_loss == "clip" and self.loss_fn is None and self.kl_fn is None:
-            return self._fused(
-                logp, logp_old, advantages, mask, normaliser, logp_ref, entropy, on_policy, is_weights
-            )
+            loss, stats, extremes = fused_clip_objective(
+                logp, logp_old, advantages, mask, normaliser, logp_ref, entropy, self._clip_settings(),
+                self._cache, on_policy=on_policy, is_weights=is_weights,
+            )  # fmt: skip
+            return ObjectiveOutput(loss, stats, extremes)
         return self._composed(logp, logp_old, advantages, mask, normaliser, logp_ref, entropy, is_weights)
+
+    def _clip_settings(self) -> ClipObjectiveSettings:
+        """The settings the fused "clip" path (`grpo.algorithms.fused_clip`) reads, as they are now."""
+        return ClipObjectiveSettings(
+            self.eps_low, self.eps_high, self.dual_clip_c, self.log_ratio_clamp, self.kl_estimator,
+            self.kl_coeff, self.entropy_coeff, self.aggregation,
+        )  # fmt: skip
 
     def _composed(
         self,
@@ -485,260 +435,9 @@ class GRPOObjective:
                 else torch.log(ratio),
                 "logp": logp.detach(),
             }
-            stats, extremes = self._statistics(
-                rows, mask, mf, self._weights(mf, z), z, logp_ref is not None, entropy is None
-            )
+            stats, extremes = objective_statistics(
+                rows, mask, mf, aggregation_weights(mf, z, agg), z, has_ref=logp_ref is not None,
+                entropy_is_logp=entropy is None, kl_coeff=self.kl_coeff, entropy_coeff=self.entropy_coeff,
+                cache=self._cache,
+            )  # fmt: skip
         return ObjectiveOutput(loss, stats, extremes)
-
-    def _fused(
-        self,
-        logp: Tensor,
-        logp_old: Tensor,
-        advantages: Tensor,
-        mask: Tensor,
-        normaliser: Tensor | float,
-        logp_ref: Tensor | None,
-        entropy: Tensor | None,
-        on_policy: bool = False,
-        is_weights: Tensor | None = None,
-    ) -> ObjectiveOutput:
-        """The "clip" loss with the built-in KL and entropy terms, as one `_FusedLoss`.
-
-        Per valid step, with r = exp(clamp(logp - logp_old, -c, c)) and A < 0 / A >= 0 bounds
-        (lo_A, hi_A) as in `grpo.algorithms.policy_losses.clip_loss`, the gradients w.r.t. logp are
-        ``-A r [lo_A <= r <= hi_A]`` (zero where the log-ratio clamp is active), for the KL
-        k1: ``1``, k2: ``-(logp_ref - logp)``, k3: ``1 - exp(d)`` (zero outside the clamp), and for
-        the entropy estimate ``-logp`` (`entropy_bonus`): ``-logp``; each times the aggregation
-        weight ``w`` (`_weights`).
-        """
-        c = self.log_ratio_clamp
-        with torch.no_grad():
-            x = logp  # no graph is recorded under no_grad
-            mf = mask.to(x.dtype)
-            w = self._weights(mf, normaliser)  # None: the weight is mf / normaliser
-            adv = advantages.unsqueeze(-1) if advantages.dim() == x.dim() - 1 else advantages
-            pg, g, ratio, lrc, clip_low, clip_high = self._fused_policy_term(
-                x, logp_old, adv, on_policy, is_weights
-            )
-            kl = None
-            if logp_ref is not None:
-                kl, minus_grad = kl_and_grad(x, logp_ref, self.kl_estimator, c)
-                if self.kl_coeff != 0.0:
-                    g = (
-                        g.sub_(minus_grad, alpha=self.kl_coeff)
-                        if minus_grad is not None
-                        else g.add_(self.kl_coeff)
-                    )
-                del minus_grad
-            g_ent = None
-            if self.entropy_coeff != 0.0:
-                if entropy is None:
-                    g = g.add_(x, alpha=self.entropy_coeff)  # d/dlogp of -c_H * lp (lp - logp - 1)
-                elif entropy.requires_grad:
-                    g_ent = (
-                        (mf * -self.entropy_coeff).div_(normaliser) if w is None else w * -self.entropy_coeff
-                    )
-            g = g.mul_(mf).div_(normaliser) if w is None else g.mul_(w)
-            rows = {
-                "policy": pg, "kl": kl, "clip_low": clip_low, "clip_high": clip_high, "ratio": ratio,
-                "entropy": entropy if entropy is not None else x,  # -logp: sign in the projection
-                "log_ratio": lrc, "logp": x,
-            }  # fmt: skip
-            stats, extremes = self._statistics(
-                rows, mask, mf, w, normaliser, logp_ref is not None, entropy is None
-            )
-        loss: Tensor = _FusedLoss.apply(logp, entropy, stats[0], g, g_ent)  # type: ignore[no-untyped-call]
-        return ObjectiveOutput(loss, stats, extremes)
-
-    def _fused_policy_term(
-        self, x: Tensor, logp_old: Tensor, adv: Tensor, on_policy: bool, is_weights: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
-        """The clipped policy term of `_fused` (under no_grad): per-step loss ``pg``, its
-        derivative ``g`` w.r.t. logp, and the ratio, clamped log-ratio and clip masks (None
-        on-policy: ratio 1, nothing clipped)."""
-        if on_policy:
-            # log-ratio 0: ratio exp(0) = 1, inside every clip bound, so pg = -A and its
-            # gradient is pg: what the general branch computes, bitwise, in a few ops
-            pg = (-adv).to(x.dtype).expand_as(x).clone()
-            if is_weights is not None:
-                pg.mul_(is_weights)
-            return pg, pg.clone(), None, None, None, None
-        c = self.log_ratio_clamp
-        log_lo, minus_c, log_cap, log_hi = self._log_bounds(x.dtype, x.device)
-        neg = adv < 0
-        log_ratio = x - logp_old
-        lrc = log_ratio.clamp(-c, c)
-        ratio = lrc.exp()
-        # the PPO clip and the log-ratio clamp as one clamp of the log-ratio with per-sample
-        # bounds: [-c, min(c, log(1 + eps_high))] for A >= 0, [max(-c, log(1 - eps_low)),
-        # min(c, log c_dual)] for A < 0 (eps_low = 1: log 0 = -inf, only the clamp at -c binds)
-        clamped = log_ratio.clamp(torch.where(neg, log_lo, minus_c), torch.where(neg, log_cap, log_hi))
-        # clipped as the composed path counts them: the clamped ratio outside the clip range (a
-        # bound set by the log-ratio clamp alone is not a clip)
-        clip_low = (ratio < 1.0 - self.eps_low) & neg
-        clip_high = (ratio > 1.0 + self.eps_high) & (adv > 0)
-        active = clamped == log_ratio
-        del log_ratio  # (temporaries are released as soon as possible: peak memory)
-        pg = clamped.exp_().mul_(-adv)  # in the clamped log-ratio's buffer
-        if is_weights is not None:
-            pg.mul_(is_weights)
-        g = pg * active  # d pg / d logp: no gradient where clamped (pg is finite)
-        return pg, g, ratio, lrc, clip_low, clip_high
-
-    def _log_bounds(self, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, ...]:
-        """0-d tensors ``max(-c, log(1 - eps_low))``, ``-c``, ``min(c, log c_dual)``,
-        ``min(c, log(1 + eps_high))`` in ``dtype`` (Python floats would make `torch.where` build
-        float32 bounds); ``log(1 - eps_low)`` is ``-inf`` for ``eps_low = 1`` (`_log_bound`)."""
-        key = ("bounds", dtype, device, self.eps_low, self.eps_high, self.dual_clip_c, self.log_ratio_clamp)
-        cached = self._cache.get("bounds")
-        if cached is None or cached[0] != key:
-            # the composed path clamps the log-ratio to [-c, c] first, then clips the ratio: the
-            # tighter of the two bounds wins on each side
-            c = self.log_ratio_clamp
-            cap = c if self.dual_clip_c is None else min(c, math.log(self.dual_clip_c))
-            values = (max(-c, _log_bound(1.0 - self.eps_low)), -c, cap, min(c, math.log(1.0 + self.eps_high)))
-            cached = (key, tuple(torch.tensor(v, dtype=dtype, device=device) for v in values))
-            self._cache["bounds"] = cached
-        bounds: tuple[Tensor, ...] = cached[1]
-        return bounds
-
-    def _weights(self, mf: Tensor, normaliser: Tensor | float) -> Tensor | None:
-        """Per-step aggregation weights ``w`` with ``aggregate(l) = sum(w * l)``: ``m / (n_i Z)``
-        for "seq-mean-token-mean" (n_i valid steps of sample i), (n, T); ``m / Z`` for the other
-        modes, or None above `_SMALL` elements (the weight is then applied as a scalar: no (n, T)
-        tensor is made for it)."""
-        if self.aggregation == "seq-mean-token-mean":
-            return mf / (mf.sum(-1, keepdim=True).clamp_(min=1.0) * normaliser)
-        return mf / normaliser if mf.numel() <= _SMALL else None  # small: one op less overall
-
-    def _statistics(
-        self,
-        rows: dict[str, Tensor | None],
-        mask: Tensor,
-        mf: Tensor,
-        w: Tensor | None,
-        normaliser: Tensor | float,
-        has_ref: bool,
-        entropy_is_logp: bool,
-    ) -> tuple[Tensor, Tensor]:
-        """``stats`` and ``extremes`` of `ObjectiveOutput` from the detached per-step values.
-
-        ``rows`` maps names of `_ROWS` (but "mask", taken from ``mf``) to (n, T) values; None or
-        absent rows are zero. Without a "ratio" row the step is on-policy: ratio 1 on every
-        valid step, nothing clipped, ``kl_old = 0``, so those rows need no reduction.
-
-        The rows times the weights and the mask give the aggregated terms and the masked sums
-        (one matrix product on their stack for small inputs, one dot product per used sum for
-        large ones), and a fixed matrix maps those to the stats (the loss is
-        ``policy + beta kl - c_H entropy``, ``kl_old = sum rho - steps - sum log rho``).
-        ``w`` None: the weights are ``mf / normaliser`` (weighted sums = masked sums / Z).
-        ``entropy_is_logp``: the "entropy" row holds logp, the estimate is its negative.
-        """
-        dtype = mf.dtype if mf.dtype in (torch.float32, torch.float64) else torch.float32
-        names = tuple(k for k in _ROWS if k == "mask" or rows.get(k) is not None)
-        raw = [mf if name == "mask" else rows[name] for name in names]  # converted where reduced
-        proj = self._projection(dtype, mf.device, names, has_ref, entropy_is_logp)
-        if mf.numel() <= _SMALL:  # few elements: fewest ops (the per-op cost dominates)
-            reduced = _stacked_sums(raw, _as(mf, dtype), w, normaliser)  # type: ignore[arg-type]
-            steps = reduced[len(names) + names.index("mask")]
-        else:  # many: no stacked copy of the rows; one dot product per sum that a stat uses
-            reduced, used = self._dot_sums(raw, names, _as(mf, dtype), w, normaliser)  # type: ignore[arg-type]
-            proj = proj[list(used)]
-            steps = reduced[used.index(len(names) + names.index("mask"))]
-        ratio = rows.get("ratio")
-        if ratio is None:  # on-policy: ratio 1 on every valid step
-            extremes = self._on_policy_extremes(steps, dtype)
-        elif mf.numel() <= _SMALL:
-            signed = torch.stack([-_as(ratio, dtype), _as(ratio, dtype)])
-            extremes = torch.where(mask, signed, -torch.inf).reshape(2, -1).amax(1)
-        else:
-            # min / max over valid steps with one temporary: invalid steps hold the valid mean,
-            # which lies between the valid min and max (none valid: -inf for both entries).
-            # lerp(mean, r, m) is exactly r where m = 1 and the mean where m = 0, and on CPU ~10x
-            # faster than torch.where with a scalar on large tensors
-            r = _as(ratio, dtype)
-            ratio_sum = reduced[used.index(len(names) + names.index("ratio"))]
-            lo, hi = torch.aminmax(torch.lerp((ratio_sum / steps).expand_as(r), r, _as(mf, dtype)))
-            extremes = torch.where(steps > 0, torch.stack([-lo, hi]).to(dtype), -torch.inf)
-        return reduced @ proj, extremes
-
-    @staticmethod
-    def _dot_sums(
-        raw: list[Tensor], names: tuple[str, ...], mf: Tensor, w: Tensor | None, normaliser: Tensor | float
-    ) -> tuple[Tensor, tuple[int, ...]]:
-        """The weighted and masked sums a stat uses, one dot product each (no stacked copy of the
-        rows), and their indices among the 2k sums of `_stacked_sums`."""
-        k = len(names)
-        mff = mf.reshape(-1)
-        if w is None:
-            # rows are converted one dot at a time (a bool row's float copy lives for one dot)
-            masked = torch.stack([torch.dot(_as(v, mf.dtype).reshape(-1), mff) for v in raw])
-            return torch.cat([masked / normaliser, masked]), tuple(range(2 * k))
-        wf = _as(w, mf.dtype).reshape(-1)
-        used = tuple(i for i, n in enumerate(names) if n in _WEIGHTED_ROWS) + tuple(
-            k + i for i, n in enumerate(names) if n != "policy"
-        )
-        reduced = torch.stack(
-            [torch.dot(_as(raw[i % k], mf.dtype).reshape(-1), wf if i < k else mff) for i in used]
-        )
-        return reduced, used
-
-    def _on_policy_extremes(self, steps: Tensor, dtype: torch.dtype) -> Tensor:
-        """``(-min rho, max rho) = (-1, 1)`` when there are valid steps, else ``-inf`` for both."""
-        key = ("unit", dtype, steps.device)
-        cached = self._cache.get("unit")
-        if cached is None or cached[0] != key:
-            cached = (key, torch.tensor([-1.0, 1.0], dtype=dtype, device=steps.device))
-            self._cache["unit"] = cached
-        unit: Tensor = cached[1]
-        return torch.where(steps > 0, unit, -torch.inf)
-
-    def _projection(
-        self,
-        dtype: torch.dtype,
-        device: torch.device,
-        names: tuple[str, ...],
-        has_ref: bool,
-        entropy_is_logp: bool,
-    ) -> Tensor:
-        """The (2 * len(names), len(STAT_NAMES)) matrix from the weighted and masked sums of the
-        rows ``names`` to the stats (see `_statistics`)."""
-        # one cache entry per row set: the on-policy first epoch and the later ones alternate
-        slot = "projection:" + ",".join(names)
-        key = (dtype, device, has_ref, entropy_is_logp, self.kl_coeff, self.entropy_coeff)
-        cached = self._cache.get(slot)
-        if cached is not None and cached[0] == key:
-            proj: Tensor = cached[1]
-            return proj
-        k = len(names)
-        col = {name: i for i, name in enumerate(STAT_NAMES)}
-        row = {name: i for i, name in enumerate(names)}
-        p = torch.zeros(2 * k, len(STAT_NAMES), dtype=torch.float64)
-
-        def put(weighted: bool, term: str, stat: str, value: float) -> None:
-            if term in row:
-                p[(0 if weighted else k) + row[term], col[stat]] = value
-
-        put(True, "policy", "loss", 1.0)
-        if has_ref:
-            put(True, "kl", "loss", self.kl_coeff)
-        put(True, "entropy", "loss", -self.entropy_coeff)
-        for term, name in (("policy", "policy_loss"), ("kl", "kl_loss"), ("entropy", "entropy")):
-            put(True, term, name, 1.0)
-        for term, name in (
-            ("mask", "steps"), ("clip_low", "clip_low"), ("clip_high", "clip_high"), ("kl", "kl_ref"),
-            ("entropy", "entropy_sum"), ("ratio", "ratio_sum"),
-        ):  # fmt: skip
-            put(False, term, name, 1.0)
-        if "ratio" in row:
-            put(False, "ratio", "kl_old", 1.0)
-            put(False, "mask", "kl_old", -1.0)
-            put(False, "log_ratio", "kl_old", -1.0)
-        else:  # on-policy: ratio 1 on every valid step, kl_old 0
-            put(False, "mask", "ratio_sum", 1.0)
-        if entropy_is_logp and "entropy" in row:  # the row holds logp; the entropy estimate is -logp
-            p[row["entropy"]] *= -1.0
-            p[k + row["entropy"]] *= -1.0
-        proj = p.to(dtype=dtype, device=device)
-        self._cache[slot] = (key, proj)
-        return proj

@@ -430,12 +430,12 @@ def test_entropy_estimate_gradient_in_the_objective_is_minus_logp_times_coeffici
 
 
 def test_large_inputs_take_the_dot_product_statistics_and_agree() -> None:
-    """Above `_SMALL` elements the statistics are per-row dot products, not one matrix product:
+    """Above `STACK_LIMIT` elements the statistics are per-row dot products, not one matrix product:
     same stats, extremes, loss and gradient as the composed path."""
-    from grpo.grpo_objective import _SMALL
+    from grpo.algorithms.objective_statistics import STACK_LIMIT
 
     n, t = 300, 128
-    assert n * t > _SMALL
+    assert n * t > STACK_LIMIT
     logp, old, ref, adv, mask, _ = random_inputs(n=n, t=t, seed=5, spread=1.0)
     kw = {"clip_epsilon": EPS_LO, "clip_epsilon_high": EPS_HI, "kl_coeff": 0.1, "entropy_coeff": 0.01}
     results = []
