@@ -388,7 +388,7 @@ class ShardedPlan:
         return getattr(self.plan, name)
 
     def optimizer_steps(self, num_groups: int, group_size: int | None, group_ids: Tensor) -> Any:
-        from grpo.update.plan import MicroBatch, OptimizerStep, _rows_of
+        from grpo.update.plan import MicroBatch, OptimizerStep, rows_of
 
         plan = self.plan
         local, mb = num_groups // self.world, plan.mini_batch_size // self.world
@@ -400,7 +400,7 @@ class ShardedPlan:
             order = torch.randperm(local, generator=plan.generator)
             for start in range(0, local, mb):
                 groups = torch.cat([order[start : start + mb] + r * local for r in range(self.world)])
-                rows = _rows_of(groups, group_size, group_ids)
+                rows = rows_of(groups, group_size, group_ids)
                 yield OptimizerStep(groups, rows, (MicroBatch(groups, rows, last=True),), on_policy=first)
                 first = False
 

@@ -3,13 +3,14 @@ import pytest
 import torch
 
 from grpo import PolicyOutput
-from grpo.experience_collector import _normalise, to_reward_tensor
+from grpo.rollout.checks import to_reward_tensor
+from grpo.rollout.log_probs import normalise_log_probs
 
 CPU = torch.device("cpu")
 
 
 def test_one_shot_logprobs_become_one_step_with_full_mask() -> None:
-    out = _normalise(torch.tensor([-1.0, -2.0]), 2, "P.get_log_probabilities", CPU)
+    out = normalise_log_probs(torch.tensor([-1.0, -2.0]), 2, "P.get_log_probabilities", CPU)
     assert out.log_probs.shape == (2, 1)
     assert out.mask.all()
     assert out.mask.dtype == torch.bool
@@ -18,7 +19,7 @@ def test_one_shot_logprobs_become_one_step_with_full_mask() -> None:
 def test_policy_output_mask_and_entropy_are_kept() -> None:
     lp = torch.randn(3, 4)
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
-    out = _normalise(PolicyOutput(lp, mask=mask, entropy=lp.abs()), 3, "P.m", CPU)
+    out = normalise_log_probs(PolicyOutput(lp, mask=mask, entropy=lp.abs()), 3, "P.m", CPU)
     assert out.mask.dtype == torch.bool
     assert out.mask.sum() == 7
     assert out.entropy is not None
@@ -43,7 +44,7 @@ def test_policy_output_mask_and_entropy_are_kept() -> None:
 )
 def test_bad_logprobs_are_explained(value: object, pattern: str) -> None:
     with pytest.raises((TypeError, ValueError), match=pattern):
-        _normalise(value, 2, "P.m", CPU)  # type: ignore[arg-type]
+        normalise_log_probs(value, 2, "P.m", CPU)  # type: ignore[arg-type]
 
 
 def test_rewards_from_lists_arrays_and_tensors() -> None:

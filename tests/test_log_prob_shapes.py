@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.distributions import Categorical, Normal
 
 from grpo import DistributionPolicy, ExperienceBatch, GRPOConfig, GRPOTrainer, PolicyOutput, gaussian_mlp
-from grpo.experience_collector import _normalise
+from grpo.rollout.log_probs import normalise_log_probs
 
 CPU = torch.device("cpu")
 OBS, D = 3, 2
@@ -152,7 +152,7 @@ def test_per_step_log_probs_of_float_actions_are_accepted_with_a_mask() -> None:
     trainer.step(STATES)
     batch = trainer.collector.collect(STATES)
     assert batch.ref_log_probs is None
-    lp = _normalise(policy.get_log_probabilities(batch.flat_states, batch.actions), 8, "P.m", CPU)
+    lp = normalise_log_probs(policy.get_log_probabilities(batch.flat_states, batch.actions), 8, "P.m", CPU)
     assert lp.log_probs.shape == (8, D)
     assert lp.mask.shape == (8, D)
     assert not torch.equal(policy.mean.weight, weight), "it trained"
@@ -232,7 +232,7 @@ def test_ready_policies_with_vector_actions_are_unaffected(make: Any) -> None:
 )
 def test_ambiguous_shapes_are_refused(log_probs: Tensor | PolicyOutput, actions: Tensor) -> None:
     with pytest.raises(ValueError, match=r"P\.m returned log-probs of shape \(4, 2\) without a mask"):
-        _normalise(log_probs, 4, "P.m", CPU, actions=actions)
+        normalise_log_probs(log_probs, 4, "P.m", CPU, actions=actions)
 
 
 @pytest.mark.parametrize(
@@ -250,7 +250,7 @@ def test_ambiguous_shapes_are_refused(log_probs: Tensor | PolicyOutput, actions:
     ids=["summed", "D=1", "int-tokens", "T!=D", "steps-of-vectors", "with-mask", "list", "no-actions"],
 )
 def test_unambiguous_shapes_are_accepted(log_probs: Tensor | PolicyOutput, actions: Any) -> None:
-    out = _normalise(log_probs, 4, "P.m", CPU, actions=actions)
+    out = normalise_log_probs(log_probs, 4, "P.m", CPU, actions=actions)
     assert out.log_probs.shape[0] == 4
 
 

@@ -116,7 +116,8 @@ def test_train_on_batch_of_steps_own_collection_is_bitwise_step(kw: dict[str, An
     torch.manual_seed(5)
     ma = a.step(states)
     torch.manual_seed(5)
-    batch = b.collector.collect_for_update(states, {}, record_old=b._record_old)
+    decisions = b.plan.decide(len(states))
+    batch = b.collector.collect_for_update(states, {}, record_old=decisions.old_at_collection)
     mb = b.train_on_batch(batch)
     assert any(not torch.equal(p, q) for p, q in zip(a.params, init, strict=True))  # it trained
     for p, q in zip(a.params, b.params, strict=True):

@@ -68,7 +68,7 @@ import torch
 from torch import Tensor
 
 from grpo.engine.backends import Backend, OptimizerStepResult
-from grpo.update.rollback import UpdateSnapshot, _local
+from grpo.update.rollback import UpdateSnapshot, local_shards
 
 __all__ = ["RATIO_COPY_LIMIT", "UpdateGuard"]
 
@@ -238,7 +238,7 @@ class UpdateGuard:
             raise
         else:
             if before:
-                after = _local([p.detach() for p in weights])
+                after = local_shards([p.detach() for p in weights])
                 self.update_ratio = _update_ratio(after, before, backend)
         finally:
             if self._active is not None:

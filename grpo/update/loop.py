@@ -120,17 +120,19 @@ def run_update(
     mode = plan.normaliser_mode(batch.mask is not None)
     stats = UpdateStatistics(with_is=parts.sampler_is_cap is not None)
     old = batch.old_log_probs
-    first_epoch: list[Tensor] | None = [] if old is None and decisions.needs_old else None
-    multi = plan.num_epochs * decisions.steps_per_epoch > 1
+    from_first_epoch = old is None and decisions.needs_old  # behaviour log-probs from its forwards
+    multi = plan.optimizer_steps_per_update(batch.num_groups) > 1  # this batch's (groups may be dropped)
     with parts.guard.protect(
         backend, parts.params, parts.optimizer, parts.scheduler, multi_step=multi, step=step,
         policy=parts.policy,
     ) as guard:  # fmt: skip
         for opt_step in plan.optimizer_steps(batch.num_groups, batch.group_size, batch.group_ids):
-            result = _optimizer_step(parts, batch, advantages, keep, old, opt_step, mode, stats, first_epoch)
-            if first_epoch is not None:  # the first epoch's forwards are the behaviour log-probs
-                old = first_epoch[0] if len(first_epoch) == 1 else torch.cat(first_epoch)
-                first_epoch = None
+            result, logps = _optimizer_step(
+                parts, batch, advantages, keep, old, opt_step, mode, stats, check_inf=from_first_epoch
+            )
+            if from_first_epoch:  # the first epoch's forwards are the behaviour log-probs
+                old = logps[0] if len(logps) == 1 else torch.cat(logps)
+                from_first_epoch = False
             stats.add_step(result)
             if not guard.accept(result):
                 break
@@ -153,9 +155,12 @@ def _optimizer_step(
     opt_step: OptimizerStep,
     mode: NormaliserMode,
     stats: UpdateStatistics,
-    first_epoch: list[Tensor] | None,
-) -> OptimizerStepResult:
-    """Zero grad, the micro-batches' forwards and backwards, the optimizer step."""
+    *,
+    check_inf: bool,
+) -> tuple[OptimizerStepResult, list[Tensor]]:
+    """Zero grad, the micro-batches' forwards and backwards, the optimizer step. Returns its
+    result and the micro-batches' log-probs ``logp_old`` (detached), in order. ``check_inf``:
+    refuse +-inf log-probs as collection does (they become the behaviour log-probs)."""
     backend, objective = parts.backend, parts.objective
     z: Tensor | None = None
     if mode == "known":
@@ -167,8 +172,9 @@ def _optimizer_step(
     counts: Tensor | None = None  # "deferred": the raw counts of the step's micro-batches
     step_stats: Tensor | None = None
     check_grads = stats.optimizer_steps == 0  # the update's first backward
+    logps: list[Tensor] = []
     for mb in opt_step.micro_batches:
-        lp = _log_probs(parts, batch, mb, check_inf=first_epoch is not None)
+        lp = _log_probs(parts, batch, mb, check_inf=check_inf)
         mask = _loss_mask(lp.mask, keep, mb.rows)
         if mode == "from_forward":
             z = global_normaliser(backend, objective, mask)
@@ -187,8 +193,7 @@ def _optimizer_step(
             check_grads = False
         step_stats = out.stats if step_stats is None else step_stats + out.stats
         stats.add_extremes(out.extremes)
-        if first_epoch is not None:
-            first_epoch.append(logp_old)
+        logps.append(logp_old)
     assert step_stats is not None
     if counts is not None:  # the losses were sums: divide by the step's global count, clamped once
         divisor = objective.normaliser_from_count(backend.global_sum(counts))
@@ -197,7 +202,7 @@ def _optimizer_step(
     stats.add_objective(step_stats)
     if parts.adaptive_lr is not None and stats.optimizer_steps > 0:  # step 0 has not moved yet
         parts.adaptive_lr.observe(backend.global_sum(step_stats[_KL_AND_COUNT]))  # grpo.update.adaptive_lr
-    return parts.guard.optimizer_step()
+    return parts.guard.optimizer_step(), logps
 
 
 def global_normaliser(backend: Backend, objective: GRPOObjective, mask: Tensor) -> Tensor:

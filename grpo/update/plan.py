@@ -109,8 +109,21 @@ class UpdatePlan:
         self.rescales_gradients = rescales_gradients
         self.generator = generator
 
+    def optimizer_steps_per_update(self, num_groups: int) -> int:
+        """``num_epochs * ceil(num_groups / mini_batch_size)``."""
+        return self.num_epochs * -(-num_groups // self.mini_batch_size)
+
     def decide(self, num_groups: int) -> UpdateDecisions:
-        """The decisions for a batch of ``num_groups`` groups (the same on every call)."""
+        """The decisions for a batch of ``num_groups`` groups (the same on every call).
+
+        The trainer decides once per step, from the B states it is given, before collection.
+        Collection may then drop groups with an invalid reward (``invalid_rewards="drop_groups"``),
+        and every decision stays right for B' < B groups: fewer groups never need more than B
+        did (``needs_old`` and ``old_from_first_epoch`` are the same for B' whenever the behaviour
+        log-probs were not recorded at collection, since both hold with one optimizer step per
+        epoch at B, hence at B'); what depends on the batch's own size (the optimizer steps, and
+        whether there is more than one) is read from the batch itself.
+        """
         per_epoch = -(-num_groups // self.mini_batch_size)
         micro_per_step = -(-min(num_groups, self.mini_batch_size) // self.micro_batch_size)
         needs_old = self.num_epochs * per_epoch > 1 or self.old_before_update
@@ -143,7 +156,7 @@ class UpdatePlan:
                     self._micro_batch(groups, m, micro, count, num_groups, group_size, group_ids)
                     for m in range(0, count, micro)
                 )
-                rows = _rows_of(groups, group_size, group_ids)
+                rows = rows_of(groups, group_size, group_ids)
                 yield OptimizerStep(groups, rows, micro_batches, on_policy=first)
                 first = False
 
@@ -165,10 +178,10 @@ class UpdatePlan:
             )
         else:
             groups = step_groups[start : start + size]
-        return MicroBatch(groups, _rows_of(groups, group_size, group_ids), last=start + size >= count)
+        return MicroBatch(groups, rows_of(groups, group_size, group_ids), last=start + size >= count)
 
 
-def _rows_of(groups: Tensor | None, group_size: int | None, group_ids: Tensor) -> Tensor | None:
+def rows_of(groups: Tensor | None, group_size: int | None, group_ids: Tensor) -> Tensor | None:
     """Flat rows of ``groups`` (in group order), or None = all rows."""
     if groups is None:
         return None

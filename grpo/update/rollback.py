@@ -26,13 +26,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["UpdateSnapshot"]
+__all__ = ["UpdateSnapshot", "local_shards"]
 
 
 _IMMUTABLE = (int, float, bool, str, type(None))
 
 
-def _local(tensors: Sequence[Tensor]) -> list[Tensor]:
+def local_shards(tensors: Sequence[Tensor]) -> list[Tensor]:
     """Each ``DTensor`` replaced by its local shard (an alias of its storage); plain tensors as
     they are. DTensors exist only once ``torch.distributed.tensor`` was imported, so nothing is
     imported here."""
@@ -85,7 +85,7 @@ class UpdateSnapshot:
         self.groups = [{k: _clone(v) for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
         self.scheduler = scheduler
         self.scheduler_state = None if scheduler is None else copy.deepcopy(scheduler.state_dict())
-        sources = _local([p.detach() for p in self.params] + self.state_tensors)
+        sources = local_shards([p.detach() for p in self.params] + self.state_tensors)
         shapes = [(t.shape, t.dtype, t.device) for t in sources]
         if shapes != self._shapes:
             self._buffers = [torch.empty_like(t) for t in sources]
@@ -97,7 +97,7 @@ class UpdateSnapshot:
         """Put every value back (bitwise) and clear the gradients."""
         if not self.captured:
             return
-        targets = _local([p.detach() for p in self.params] + self.state_tensors)
+        targets = local_shards([p.detach() for p in self.params] + self.state_tensors)
         with torch.no_grad():
             torch._foreach_copy_(targets, self._buffers)
         state = self.optimizer.state

@@ -1,0 +1,237 @@
+"""`ExperienceBatch`: one step's experience, flat and group-major, frozen once made.
+
+Made by `grpo.experience_collector.ExperienceCollector` (a rollout) or by
+`ExperienceBatch.from_groups` (groups gathered elsewhere); read by the advantages and the update.
+`select_rows` takes rows of a batch's items (Tensor or list); `evaluate_log_probs` is the policy's
+forward over a batch's actions (all rows, or a micro-batch's).
+
+Two data forms are handled, each on its own (states and actions independently):
+
+* lists: ``states`` any sequence of B objects; actions B lists of G actions; flat states / actions
+  are Python lists of N = B*G items;
+* tensors: ``states`` a Tensor (B, ...), actions a Tensor (B, G, ...); flat states are
+  ``states.repeat_interleave(G, 0)`` and flat actions ``actions.flatten(0, 1)``: no Python loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from grpo.policy_base import EntropyRequest, PolicyModel, PolicyOutput, has_method
+from grpo.rollout.checks import method_name, to_reward_tensor
+from grpo.rollout.log_probs import LogProbs, normalise_log_probs
+
+__all__ = ["ExperienceBatch", "evaluate_log_probs", "select_rows"]
+
+
+@dataclass(frozen=True)
+class ExperienceBatch:
+    """One step's experience, flat and group-major; frozen: nothing changes it after it is made
+    (`dataclasses.replace` makes a changed copy).
+
+    Attributes:
+        states: the B states as given (list or Tensor (B, ...)).
+        flat_states: N = B*G states, one per sample (list, or Tensor (N, ...)).
+        actions: N flat actions (list, or Tensor (N, ...)).
+        group_ids: (N,) int64, the group (state index) each sample belongs to.
+        group_size: G when every group has G samples in the group-major layout, else None.
+        rewards: (N,) float32 total reward of each sample (with per-step rewards: their sum over
+            the sample's valid steps).
+        step_rewards: (N, T) float32 per-step rewards, when the reward model returns one reward
+            per step (credited by returns-to-go, `GRPOConfig.gamma`); 0 on invalid steps.
+        reward_components: name -> (N,) float32, when the reward model exposes components.
+        old_log_probs: (N, T) behaviour log-probs, recorded at collection (None when the update
+            needs none: a single epoch with a single optimizer step is exactly on-policy).
+        ref_log_probs: (N, T) reference log-probs (None when there is no KL term).
+        sampler_log_probs: (N, T) the log-probs the sampler reported with its actions
+            (``generate_actions_with_log_probs``), kept apart from ``old_log_probs`` when the
+            trainer corrects a sampler/trainer mismatch (``GRPOConfig.sampler_is_cap``).
+        mask: (N, T) bool, True for real steps (None until a log-prob call has revealed T).
+        timings: seconds spent in ``generate``, ``score`` and ``logprobs``.
+        dropped_groups: groups left out because a reward was invalid
+            (``invalid_rewards="drop_groups"``); ``states`` holds only the kept ones.
+    """
+
+    states: Any
+    flat_states: Any
+    actions: Any
+    group_ids: Tensor
+    group_size: int | None
+    rewards: Tensor
+    reward_components: dict[str, Tensor] = field(default_factory=dict)
+    old_log_probs: Tensor | None = None
+    ref_log_probs: Tensor | None = None
+    sampler_log_probs: Tensor | None = None
+    mask: Tensor | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    dropped_groups: int = 0
+    step_rewards: Tensor | None = None
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.group_ids.shape[0])
+
+    @classmethod
+    def from_groups(
+        cls,
+        states: Any,
+        actions: Any,
+        rewards: Any,
+        *,
+        old_log_probs: Tensor | None = None,
+        mask: Tensor | None = None,
+        device: str | torch.device = "cpu",
+    ) -> ExperienceBatch:
+        """A batch of groups gathered elsewhere (logs, a real robot, another sampler), checked as
+        `ExperienceCollector.collect` checks what a policy and a reward return.
+
+        Args:
+            states: B states (a sequence, or a Tensor (B, ...)).
+            actions: B groups: a list of B lists of actions (groups may differ in size), or a
+                Tensor (B, G, ...).
+            rewards: N = sum of group sizes rewards, flat and group-major (Tensor, array or
+                list), or a (B, G) Tensor / array.
+            old_log_probs: the behaviour log-probs (N,) or (N, T) of the actions under the
+                policy that chose them, if known. Without them `GRPOTrainer.train_on_batch`
+                takes the current policy as the behaviour policy (exact for on-policy data).
+            mask: (N, T) bool, True for real steps of ``old_log_probs`` (None = all real).
+            device: where the batch's tensors go (the trainer's device).
+        """
+        device = torch.device(device)
+        where = "ExperienceBatch.from_groups"
+        states = _checked_group_states(states, where, device)
+        b = len(states)
+        sizes, flat_actions, g = _group_sizes(actions, b, where, device)
+        group_ids = torch.repeat_interleave(
+            torch.arange(b, device=device), torch.tensor(sizes, device=device)
+        )
+        n = int(group_ids.shape[0])
+        if isinstance(states, Tensor):
+            flat_states: Any = states.repeat_interleave(torch.tensor(sizes, device=device), 0)
+        else:
+            flat_states = [s for s, k in zip(states, sizes, strict=True) for _ in range(k)]
+        if isinstance(rewards, (Tensor, np.ndarray)) and rewards.ndim == 2:
+            rewards = rewards.reshape(-1)
+        r = to_reward_tensor(rewards, n, f"{where} rewards", device)
+        old, mask = _given_log_probs(old_log_probs, mask, n, flat_actions, where, device)
+        return cls(
+            states=states, flat_states=flat_states, actions=flat_actions, group_ids=group_ids,
+            group_size=g, rewards=r, old_log_probs=old, mask=mask,
+        )  # fmt: skip
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.states)
+
+
+def _checked_group_states(states: Any, where: str, device: torch.device) -> Any:
+    """`ExperienceBatch.from_groups`'s states: a Tensor (B, ...) moved to ``device``, or a
+    non-empty sequence; else a clear error."""
+    if isinstance(states, Tensor):
+        if states.dim() == 0 or states.shape[0] == 0:
+            raise ValueError(
+                f"{where}: states is a Tensor of shape {tuple(states.shape)}; expected (B, ...)."
+            )
+        return states.to(device)
+    if isinstance(states, (str, bytes)) or not isinstance(states, Sequence) or len(states) == 0:
+        raise TypeError(f"{where}: states must be a non-empty sequence of B states or a Tensor (B, ...).")
+    return states
+
+
+def _given_log_probs(
+    old_log_probs: Tensor | None, mask: Tensor | None, n: int, actions: Any, where: str, device: torch.device
+) -> tuple[Tensor | None, Tensor | None]:
+    """`ExperienceBatch.from_groups`'s behaviour log-probs (n, T) and mask, normalised and checked."""
+    if old_log_probs is None:
+        if mask is not None:
+            raise ValueError(
+                f"{where}: a mask was given without old_log_probs; the mask describes their steps."
+            )
+        return None, None
+    given = PolicyOutput(old_log_probs.detach(), mask) if mask is not None else old_log_probs.detach()
+    lp = normalise_log_probs(
+        given, n, f"{where} old_log_probs", device, actions=actions,
+        explicit=f"pass mask=torch.ones_like(old_log_probs, dtype=torch.bool) to {where}",
+    )  # fmt: skip
+    return lp.log_probs, lp.mask
+
+
+def _group_sizes(actions: Any, b: int, where: str, device: torch.device) -> tuple[list[int], Any, int | None]:
+    """Sizes of the B groups of ``actions``, the flat actions, and G when every group has G."""
+    if isinstance(actions, Tensor):
+        if actions.dim() < 2 or actions.shape[0] != b:
+            raise ValueError(f"{where}: actions has shape {tuple(actions.shape)}; expected ({b}, G, ...).")
+        g = int(actions.shape[1])
+        if g == 0:
+            raise ValueError(f"{where}: actions has empty groups (shape {tuple(actions.shape)}).")
+        return [g] * b, actions.flatten(0, 1).to(device), g
+    if isinstance(actions, (str, bytes)) or not isinstance(actions, Sequence) or len(actions) != b:
+        got = len(actions) if isinstance(actions, Sequence) else type(actions).__name__
+        raise ValueError(f"{where}: actions must be {b} groups (one list of actions per state), got {got}.")
+    bad = [
+        i
+        for i, a in enumerate(actions)
+        if isinstance(a, (str, bytes)) or not isinstance(a, Sequence) or not a
+    ]
+    if bad:
+        raise ValueError(f"{where}: the groups at {bad[:10]} are not non-empty lists of actions.")
+    sizes = [len(a) for a in actions]
+    uniform = sizes[0] if len(set(sizes)) == 1 else None
+    return sizes, [x for a in actions for x in a], uniform
+
+
+def select_rows(items: Any, rows: Tensor | None) -> Any:
+    """``items[rows]`` for a Tensor (index_select) or a list (comprehension).
+
+    ``rows=None`` means all rows; ``items=None`` stays None.
+    """
+    if rows is None or items is None:
+        return items
+    if isinstance(items, Tensor):
+        return items.index_select(0, rows.to(items.device))
+    return [items[i] for i in rows.tolist()]
+
+
+def evaluate_log_probs(
+    policy: PolicyModel,
+    batch: ExperienceBatch,
+    rows: Tensor | None = None,
+    *,
+    groups: Tensor | None = None,
+    with_entropy: EntropyRequest = False,
+    device: torch.device,
+    check_inf: bool = True,
+) -> LogProbs:
+    """Log-probs of ``batch``'s actions (rows ``rows``, or all) under ``policy``, as (n, T) + mask.
+
+    When the policy has ``evaluate_actions``, the states are tensors and the batch is group-major
+    with a uniform G, the policy evaluates each state once per group (``groups`` are the group
+    indices whose rows ``rows`` lists, in order). Otherwise ``get_log_probabilities`` is called on
+    the flat rows. ``check_inf``: see `_normalise`. Float actions (n, D) with log-probs (n, D)
+    and no mask are refused as ambiguous (`_check_not_per_component`).
+    """
+    n = batch.num_samples if rows is None else int(rows.shape[0])
+    actions = select_rows(batch.actions, rows)
+    if has_method(policy, "evaluate_actions"):
+        g = batch.group_size
+        if g is not None and g > 1 and isinstance(batch.states, Tensor):
+            states = select_rows(batch.states, groups)
+            out: Tensor | PolicyOutput = policy.evaluate_actions(  # type: ignore[attr-defined]
+                states, actions, group_size=g, with_entropy=with_entropy
+            )
+        else:
+            states = select_rows(batch.flat_states, rows)
+            out = policy.evaluate_actions(  # type: ignore[attr-defined]
+                states, actions, group_size=1, with_entropy=with_entropy
+            )
+        where = method_name(policy, "evaluate_actions")
+    else:
+        out = policy.get_log_probabilities(select_rows(batch.flat_states, rows), actions)
+        where = method_name(policy, "get_log_probabilities")
+    return normalise_log_probs(out, n, where, device, check_inf=check_inf, actions=actions)
