@@ -1,14 +1,17 @@
-"""`GRPOTrainer`: one ``step(states)`` = collect, advantages, update, metrics.
+"""`GRPOTrainer`: one ``step(states)`` = collect, advantages, update, counters, metrics, watchers.
 
 `GRPOTrainer.step` reads as the pipeline; each line is one part with one job, in the file named
 after it::
 
+    decisions = plan.decide(B)                  #    grpo/update/plan.py, once per step
     batch = collector.collect(states)           # 1. grpo/experience_collector.py
     adv   = self.advantages(batch)              # 2. grpo/advantage_estimator.py
-    run_update(parts, batch, adv, ...)          # 3. grpo/update/loop.py over grpo/update/plan.py,
-                                                #    grpo/engine/backends.py and grpo/update/guard.py
+    update = run_update(parts, batch, adv, ...) # 3. grpo/update/loop.py over grpo/update/plan.py,
+                                                #    the backend (grpo/engine/) and grpo/update/guard.py
     step_count += 1; maybe refresh reference    # 4.
-    backend.reduce_metrics(...)                 # 5. grpo/metrics/__init__.py
+    metrics = backend.reduce_metrics(...)       # 5. grpo/metrics/
+    stall_watch.observe(metrics)                # 6. grpo/training/stall_watch.py
+    reward_shift.observe(metrics)               # 7. grpo/training/reward_shift.py
 
 The trainer composes the parts and holds the state they share (step count, RNG generator); it
 has no math of its own (the loss is `grpo.grpo_objective`). docs/architecture.md is the map.
@@ -60,7 +63,7 @@ from grpo.training.stall_watch import StallWatch
 from grpo.update.adaptive_lr import AdaptiveLR
 from grpo.update.guard import UpdateGuard
 from grpo.update.loop import UpdateParts, run_update
-from grpo.update.plan import UpdatePlan
+from grpo.update.plan import UpdateDecisions, UpdatePlan
 
 if TYPE_CHECKING:
     from grpo.training.loop import TrainState
@@ -114,20 +117,12 @@ class GRPOTrainer(TrainerStateMixin):
         )
         self.params, self.optimizer, self.scheduler = setup.params, setup.optimizer, setup.scheduler
         self.backend: Backend | None = setup.backend
-        self._deepspeed = setup.deepspeed
         self.reference_policy = make_reference(
-            config, self.policy, reference_policy, self.device, self._deepspeed, setup.reference_copy
+            config, self.policy, reference_policy, self.device, self.backend, setup.reference_copy
         )
 
         self.advantage_estimator = AdvantageEstimator.from_config(config, advantage_fn)
-        trained = self.optimizer.param_groups if self.optimizer is not None else []
-        # float64 for float64 weights: their update is not computed from float32-rounded advantages
-        weights = [*self.params, *(p for g in trained for p in g["params"])]
-        self._advantage_dtype = advantage_dtype(weights)
-        # intra-op threads in each step: 1 for a small CPU policy by default (grpo/runtime/threads.py)
-        elements = policy_elements(self.policy, weights)
-        self.step_threads = resolve_num_threads(config.num_threads, device=self.device, elements=elements)
-        logger.info(describe(config.num_threads, self.step_threads, device=self.device, elements=elements))
+        self._choose_numerics()
         self._kl_in_reward = config.kl_penalty == "reward" and config.kl_coeff > 0
         self.plan = UpdatePlan(
             num_epochs=config.num_epochs_per_update,
@@ -150,16 +145,35 @@ class GRPOTrainer(TrainerStateMixin):
         self.guard: UpdateGuard = UpdateGuard(config.non_finite)
         self._update = self._update_parts()
         self.step_count = 0
+        self._closed = False
         self._warned_nothing_to_train = self._warned_batch_size = False
         self.stall_watch = StallWatch.from_config(config, self.optimizer, self.scheduler)  # stall_watch.py
         self._check_schedule_length()
-        shard = config.fsdp or self._deepspeed is not None
-        self.reward_shift = RewardShiftRestart.from_config(
-            config, self.params, sharded=shard, optimizer=self.optimizer, scheduler=self.scheduler
-        )
         self._checkpoint_components: dict[str, Any] = {}
-        if self.reward_shift is not None:  # its state (the starting weights too) is checkpointed
-            self._checkpoint_components["reward_shift"] = self.reward_shift
+        self.reward_shift = self._make_reward_shift()  # step 7 (config.reward_shift_z), or None
+
+    def _make_reward_shift(self) -> RewardShiftRestart | None:
+        """The restart on a reward shift (`grpo.training.reward_shift`); its state (the starting
+        weights too) is checkpointed."""
+        shard = self.config.fsdp or (self.backend is not None and not self.backend.checkpointable)
+        watch = RewardShiftRestart.from_config(
+            self.config, self.params, sharded=shard, optimizer=self.optimizer, scheduler=self.scheduler
+        )
+        if watch is not None:
+            self._checkpoint_components["reward_shift"] = watch
+        return watch
+
+    def _choose_numerics(self) -> None:
+        """The advantages' dtype (float64 for float64 weights: their update is not computed from
+        float32-rounded advantages) and the intra-op threads of each step (one for a small CPU
+        policy by default, `grpo.runtime.threads`)."""
+        trained = self.optimizer.param_groups if self.optimizer is not None else []
+        weights = [*self.params, *(p for g in trained for p in g["params"])]
+        self._advantage_dtype = advantage_dtype(weights)
+        elements = policy_elements(self.policy, weights)
+        cfg = self.config
+        self.step_threads = resolve_num_threads(cfg.num_threads, device=self.device, elements=elements)
+        logger.info(describe(cfg.num_threads, self.step_threads, device=self.device, elements=elements))
 
     def _update_parts(self) -> UpdateParts | None:
         """The parts of the update (None when there is nothing to train)."""
@@ -198,7 +212,7 @@ class GRPOTrainer(TrainerStateMixin):
             warnings.warn(problem, UserWarning, stacklevel=3)
 
     def _reference_module(self) -> Any:
-        return reference_module(self.reference_policy, self._deepspeed)
+        return reference_module(self.reference_policy, self.backend)
 
     @property
     def non_finite_steps(self) -> int:
@@ -211,22 +225,96 @@ class GRPOTrainer(TrainerStateMixin):
 
     # ---- the step -----------------------------------------------------------------------
     def step(self, states: Any, **generate_kwargs: Any) -> dict[str, float]:
-        """One GRPO step on ``states`` (a sequence of B states, or a Tensor (B, ...)).
+        """One GRPO step on ``states`` (a sequence of B states, or a Tensor (B, ...)), or on an
+        `ExperienceBatch` collected elsewhere (see `train_on_batch`).
 
         Returns float metrics (names and meanings in docs/metrics.md, declared in
         `grpo.metrics`). With ``config.flush_denormals`` (default) the step runs with subnormal
-        floats flushed to zero on CPU (`grpo.runtime.denormals`), and with ``step_threads`` intra-op
-        threads (``config.num_threads``: one for a small CPU policy by default, `grpo.runtime.threads`);
-        both settings are restored afterwards.
+        floats flushed to zero on CPU (`grpo.runtime.denormals`), and with ``step_threads``
+        intra-op threads (``config.num_threads``: one for a small CPU policy by default,
+        `grpo.runtime.threads`); both settings are restored afterwards.
         """
         self._note_batch_size(states)
         with self._numerics():
             t0 = time.perf_counter()
             self.check_lockstep(states)
-            batch = self.collector.collect_for_update(  # 1. G actions, rewards, log-probs
-                states, generate_kwargs, record_old=self._record_old
+            states = self._checked(states)
+            decisions = self.plan.decide(_num_groups(states))  # the update's shortcuts, decided once
+            batch = self._collect(states, decisions, generate_kwargs)  # 1. G actions, rewards, log-probs
+            adv = self.advantages(batch)  # 2. group-relative advantages and reward statistics
+            t1 = time.perf_counter()
+            update, valid_steps = self._run_update(batch, adv, decisions)  # 3. the update
+            t2 = time.perf_counter()
+            self._count_step()  # 4. the step counter; the reference refreshed every N steps
+            metrics = self._metrics(batch, adv, update, valid_steps, (t0, t1, t2))  # 5. reduced
+            metrics = self.stall_watch.observe(metrics)  # 6. StallWarning when learning has stalled
+            return self._observe_reward_shift(batch, adv, metrics)  # 7. restart on a changed task
+
+    def train_on_batch(self, batch: ExperienceBatch) -> dict[str, float]:
+        """One GRPO step on groups collected elsewhere (logs, a real robot, another sampler):
+        `step` with ``batch`` in place of its collection.
+
+        ``batch``: an `ExperienceBatch` from `ExperienceBatch.from_groups` (validated there) or
+        from `collect`. Missing reference log-probs are computed when a KL term needs them.
+        Without behaviour log-probs (``old_log_probs``) the actions are taken as sampled by the
+        current policy: its log-probs before the update are the behaviour log-probs (ratio 1 in
+        the first optimizer step), which is exact for on-policy data and an approximation for
+        off-policy data. Fed `step`'s own batch, the update is bitwise the same as `step`'s.
+        """
+        if not isinstance(batch, ExperienceBatch):
+            raise TypeError(
+                f"train_on_batch expects an ExperienceBatch, got {type(batch).__name__}; build one "
+                f"with grpo.ExperienceBatch.from_groups(states, actions, rewards, group_size=G)."
             )
-            return self._learn(batch, t0)  # 2-5
+        return self.step(batch)
+
+    def _collect(
+        self, states: Any, decisions: UpdateDecisions, generate_kwargs: dict[str, Any]
+    ) -> ExperienceBatch:
+        """Step 1: the rollout of ``states``, recording behaviour log-probs only when the update
+        needs them before its forwards; a batch collected elsewhere is completed instead."""
+        if isinstance(states, ExperienceBatch):
+            if generate_kwargs:
+                raise TypeError(f"step(batch) takes no generate kwargs, got {sorted(generate_kwargs)}.")
+            return self.collector.complete(
+                states, old=states.old_log_probs is None and decisions.old_at_collection
+            )
+        return self.collector.collect_for_update(
+            states, generate_kwargs, record_old=decisions.old_at_collection
+        )
+
+    def _checked(self, states: Any) -> Any:
+        """``states`` as the collector takes them (a batch as it is), or a clear error."""
+        return states if isinstance(states, ExperienceBatch) else self.collector.checked_states(states)
+
+    def _count_step(self) -> None:
+        """Step 4: count the step; refresh the reference every ``reference_update_freq`` steps."""
+        self.step_count += 1
+        freq = self.config.reference_update_freq
+        if freq is not None and self.step_count % freq == 0:
+            self.refresh_reference()
+
+    def _metrics(
+        self,
+        batch: ExperienceBatch,
+        adv: Advantages,
+        update: dict[str, float],
+        valid_steps: float,
+        times: tuple[float, float, float],
+    ) -> dict[str, float]:
+        """Step 5: the step's metrics, in one place: the advantages' and the update's, the timings
+        and the step count, reduced over processes (``times``: the step's start, the update's
+        start and end)."""
+        t0, t1, t2 = times
+        metrics = adv.metrics() | update
+        metrics.update({f"time/{k}": v for k, v in batch.timings.items()})
+        metrics["time/update"] = t2 - t1
+        metrics["time/step"] = time.perf_counter() - t0
+        metrics["step"] = float(self.step_count)
+        if self.backend is not None:
+            counts = StepCounts(float(batch.num_samples), float(batch.num_groups), valid_steps)
+            metrics = self.backend.reduce_metrics(metrics, counts)
+        return empty_extremes_as_nan(metrics)  # an update without a valid step has no ratio
 
     def _note_batch_size(self, states: Any) -> None:
         """Warn once when ``step`` gets another number of states than ``config.batch_size``."""
@@ -243,56 +331,16 @@ class GRPOTrainer(TrainerStateMixin):
             stacklevel=3,
         )
 
-    def train_on_batch(self, batch: ExperienceBatch) -> dict[str, float]:
-        """One GRPO step on groups collected elsewhere (logs, a real robot, another sampler).
-
-        ``batch``: an `ExperienceBatch` from `ExperienceBatch.from_groups` (validated there) or
-        from `collect`. Missing reference log-probs are computed when a KL term needs them.
-        Without behaviour log-probs (``old_log_probs``) the actions are taken as sampled by the
-        current policy: its log-probs before the update are the behaviour log-probs (ratio 1 in
-        the first optimizer step), which is exact for on-policy data and an approximation for
-        off-policy data. Fed `step`'s own batch, the update is bitwise the same as `step`'s.
-        """
-        if not isinstance(batch, ExperienceBatch):
-            raise TypeError(
-                f"train_on_batch expects an ExperienceBatch, got {type(batch).__name__}; build one "
-                f"with grpo.ExperienceBatch.from_groups(states, actions, rewards, group_size=G)."
-            )
-        with self._numerics():
-            t0 = time.perf_counter()
-            self.check_lockstep(batch.states)
-            return self._learn(self._complete(batch), t0)
-
-    def _learn(self, batch: ExperienceBatch, t0: float) -> dict[str, float]:
-        """Steps 2-5 of `step`: advantages, update, counters, metrics."""
-        adv = self.advantages(batch)  # 2. group-relative advantages (and reward statistics)
-        t1 = time.perf_counter()
-        update, valid_steps = self._run_update(batch, adv)  # 3. the update (grpo/update/loop.py)
-        t2 = time.perf_counter()
-        self.step_count += 1  # 4. counters, reference refresh
-        freq = self.config.reference_update_freq
-        if freq is not None and self.step_count % freq == 0:
-            self.refresh_reference()
-        metrics = adv.metrics() | update  # 5. metrics, reduced over processes
-        metrics.update({f"time/{k}": v for k, v in batch.timings.items()})
-        metrics["time/update"] = t2 - t1
-        metrics["time/step"] = time.perf_counter() - t0
-        metrics["step"] = float(self.step_count)
-        if self.backend is not None:
-            counts = StepCounts(float(batch.num_samples), float(batch.num_groups), valid_steps)
-            metrics = self.backend.reduce_metrics(metrics, counts)
-        metrics = empty_extremes_as_nan(metrics)  # an update without a valid step has no ratio
-        metrics = self.stall_watch.observe(metrics)  # warns (StallWarning) when learning has stalled
-        if self.reward_shift is not None:  # restarts on a change of the task (grpo/training/reward_shift.py)
-            metrics = self._observe_reward_shift(self.reward_shift, batch, adv, metrics)
-        return metrics
-
     def _observe_reward_shift(
-        self, watch: RewardShiftRestart, batch: ExperienceBatch, adv: Advantages, metrics: dict[str, float]
+        self, batch: ExperienceBatch, adv: Advantages, metrics: dict[str, float]
     ) -> dict[str, float]:
-        """The restart rule reads the step's metrics and, while a restart is on probation, the
-        incumbent's advantages in the step's groups (`grpo.training.reward_shift.incumbent_advantages`:
-        one forward of the batch with the incumbent's weights, summed over processes)."""
+        """Step 7 (``config.reward_shift_z``): the restart rule reads the step's metrics and, while
+        a restart is on probation, the incumbent's advantages in the step's groups
+        (`grpo.training.reward_shift.incumbent_advantages`: one forward of the batch with the
+        incumbent's weights, summed over processes)."""
+        watch = self.reward_shift
+        if watch is None:
+            return metrics
         world = 1 if self.distributed is None else self.distributed.world_size
         sums = None
         if watch.incumbent is not None and batch.old_log_probs is not None:
@@ -306,7 +354,10 @@ class GRPOTrainer(TrainerStateMixin):
             sums = (local if self.backend is None else self.backend.global_sum(local)).tolist()
         return watch.observe(metrics, batch.num_samples * world, sums)
 
-    def _run_update(self, batch: ExperienceBatch, adv: Advantages) -> tuple[dict[str, float], float]:
+    def _run_update(
+        self, batch: ExperienceBatch, adv: Advantages, decisions: UpdateDecisions
+    ) -> tuple[dict[str, float], float]:
+        """Step 3 (`grpo.update.loop.run_update`): the update's metrics and valid steps."""
         if self._update is None:
             if not self._warned_nothing_to_train:
                 warnings.warn(
@@ -319,7 +370,6 @@ class GRPOTrainer(TrainerStateMixin):
                 )
                 self._warned_nothing_to_train = True
             return {}, 0.0
-        decisions = self.plan.decide(batch.num_groups)
         return run_update(self._update, batch, adv.values, adv.keep, decisions, self.step_count)
 
     @contextlib.contextmanager
@@ -334,17 +384,18 @@ class GRPOTrainer(TrainerStateMixin):
             restore_denormals(changed)
 
     def check_lockstep(self, states: Any) -> None:
-        """ZeRO-3 on several processes: every forward all-gathers weights, so all ranks must run
-        the same forwards; refuse different numbers of states before any of them (a clear error
-        on every rank instead of a hang). A closed trainer refuses to step at all."""
-        if self._deepspeed is not None and self._deepspeed.engine is None:
+        """Refuse to step a closed trainer. Where every forward gathers partitioned weights
+        (``backend.lockstep_forwards``: DeepSpeed ZeRO-3) on several processes, all ranks must run
+        the same forwards: refuse different numbers of states before any of them (a clear error
+        on every rank instead of a hang)."""
+        if self._closed:
             raise RuntimeError(
                 "this trainer was closed (close / grpo.engine.distributed.shutdown); build a new one"
             )
-        if self.distributed is None or self.deepspeed_stage != 3:
+        if self.distributed is None or self.backend is None or not self.backend.lockstep_forwards:
             return
         try:
-            n = len(states)
+            n = _num_groups(states)
         except TypeError:
             return  # not sized: check_policy's own error follows in collection
         why = "DeepSpeed ZeRO-3 gathers the weights in every forward, so all ranks must run the same forwards"
@@ -356,9 +407,6 @@ class GRPOTrainer(TrainerStateMixin):
         `step` skips them when its update can take them from its first forwards, see
         `grpo.update.plan`) and reference log-probs when a KL term is on."""
         return self.collector.collect(states, **generate_kwargs)
-
-    def _record_old(self, num_states: int) -> bool:
-        return self.plan.decide(num_states).old_at_collection
 
     def advantages(self, batch: ExperienceBatch) -> Advantages:
         """The batch's group-relative advantages and reward statistics (the batch is not changed).
@@ -375,36 +423,18 @@ class GRPOTrainer(TrainerStateMixin):
             batch.reward_components, dropped,
         )  # fmt: skip
 
-    def compute_advantages(self, batch: ExperienceBatch) -> dict[str, Tensor]:
-        """Deprecated: use ``adv = trainer.advantages(batch)`` then ``trainer.update(batch, adv)``.
-
-        Fills ``batch.advantages`` / ``batch.loss_rows`` and returns the statistics as tensors."""
-        warnings.warn(
-            "GRPOTrainer.compute_advantages(batch) writes into the batch and is deprecated; use "
-            "adv = trainer.advantages(batch), then trainer.update(batch, adv).",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        adv = self.advantages(batch)
-        batch.advantages, batch.loss_rows = adv.values, adv.keep
-        return dict(zip(adv.names, adv.stats.unbind(), strict=True))
-
-    def update(self, batch: ExperienceBatch, advantages: Advantages | None = None) -> dict[str, Tensor]:
+    def update(self, batch: ExperienceBatch, advantages: Advantages) -> dict[str, Tensor]:
         """Optimise the policy on ``batch`` with ``advantages`` (from `advantages`). Returns the
         update's statistics (empty when nothing is trained). Does not count a step."""
-        if advantages is None:
-            if batch.advantages is None:
-                raise ValueError("update() needs advantages: call update(batch, trainer.advantages(batch)).")
-            empty = torch.zeros(0)
-            advantages = Advantages(batch.advantages, batch.loss_rows, (), empty)
+        if not isinstance(advantages, Advantages):
+            raise TypeError(
+                f"update(batch, advantages) needs the Advantages of trainer.advantages(batch), got "
+                f"{type(advantages).__name__}."
+            )
         with self._numerics():
-            update, _ = self._run_update(self._complete(batch), advantages)
+            decisions = self.plan.decide(batch.num_groups)
+            update, _ = self._run_update(self._collect(batch, decisions, {}), advantages, decisions)
         return {k: torch.tensor(v, device=self.device) for k, v in update.items()}
-
-    def _complete(self, batch: ExperienceBatch) -> ExperienceBatch:
-        """``batch`` with the log-probs the update needs and it lacks (see `train_on_batch`)."""
-        need_old = batch.old_log_probs is None and self.plan.decide(batch.num_groups).old_at_collection
-        return self.collector.complete(batch, old=need_old)
 
     def _kl_reward_penalty(self, batch: ExperienceBatch) -> Tensor | None:
         """Per-step penalty ``kl_coeff * k(logp_old, logp_ref)`` (N, T) when the KL is folded into
@@ -420,15 +450,17 @@ class GRPOTrainer(TrainerStateMixin):
 
     def refresh_reference(self) -> None:
         """Copy the current policy's weights into the reference policy."""
-        self.reference_policy = refresh_reference(self.policy, self.reference_policy, self._deepspeed)
+        self.reference_policy = refresh_reference(self.policy, self.reference_policy, self.backend)
         self.collector.reference_policy = self.reference_policy
 
     def close(self) -> None:
-        """Release what the trainer holds outside itself (DeepSpeed's engines, hooks and groups; see
-        `grpo.engine.deepspeed.DeepSpeedBackend.close`); a no-op without DeepSpeed. The trainer
-        cannot step afterwards. `grpo.engine.distributed.shutdown` calls it before destroying the group."""
-        if self._deepspeed is not None:
-            self._deepspeed.close()
+        """Release what the trainer holds outside itself (`grpo.engine.backends.Backend.close`:
+        DeepSpeed's engines, hooks and groups; nothing for the other backends). The trainer
+        cannot step afterwards; closing twice is a no-op. `grpo.engine.distributed.shutdown`
+        calls it before destroying the process group."""
+        if self.backend is not None and not self._closed:
+            self.backend.close()
+        self._closed = True
 
     # ---- training loop (grpo.training.loop) ---------------------------------------------
     def evaluate(self, states: Any, *, seed: int | None = None, **generate_kwargs: Any) -> dict[str, float]:
@@ -467,6 +499,11 @@ class GRPOTrainer(TrainerStateMixin):
             callbacks=callbacks, sinks=sinks, checkpoint_dir=checkpoint_dir, resume_from=resume_from,
             progress=progress, log_every=log_every,
         )  # fmt: skip
+
+
+def _num_groups(states: Any) -> int:
+    """B: the number of states (or of a batch's groups)."""
+    return states.num_groups if isinstance(states, ExperienceBatch) else len(states)
 
 
 def _moved(obj: Any, device: torch.device) -> Any:

@@ -70,8 +70,8 @@ def ds_worker(rank: int, world: int, out: Path) -> None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 tr = build(name, LOCAL_B, deepspeed=str(path))
-                assert tr._deepspeed is not None
-                assert tr._deepspeed.stage == config["zero_optimization"]["stage"]
+                assert tr.deepspeed_stage is not None
+                assert tr.deepspeed_stage == config["zero_optimization"]["stage"]
                 d = data(name, world)
                 metrics = run_steps(tr, d, rows, range(STEPS))
                 with tr.gathered_weights():  # ZeRO-3: the full weights on every rank
@@ -93,7 +93,7 @@ def zero3_uneven_worker(rank: int, world: int, out: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tr = build("bandit_deferred", LOCAL_B, deepspeed=str(path))
-    assert tr._deepspeed is not None
+    assert tr.deepspeed_stage is not None
     d = data("bandit_deferred", world)
     n = LOCAL_B - rank  # rank 1 gets one state fewer
     rows = slice(rank * LOCAL_B, rank * LOCAL_B + n)

@@ -433,7 +433,7 @@ def worker_main(rank: int, world: int, out: Path) -> None:
 
 
 def checkpoint_worker(rank: int, world: int, out: Path) -> None:
-    """With `GRPOTrainer.save_checkpoint` / `load_checkpoint` (grpo/state/checkpoint.py): every rank
+    """With `GRPOTrainer.save_checkpoint` / `load_checkpoint` (grpo/state/checkpoint/): every rank
     saves after 3 steps into ``ckpt2`` and goes on to STEPS; then a fresh trainer resumes from
     ``ckpt1``, saved by one process after 3 steps. Writes ``ckpt-rank{r}.pt``."""
     from grpo.engine.distributed import barrier

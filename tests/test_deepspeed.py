@@ -146,7 +146,7 @@ def test_one_process_with_deepspeed_equals_one_without(tmp_path: Path, stage: in
         for s in range(STEPS):
             ref.step(d["states"][s], noise=d["noise"][s])
             tr.step(d["states"][s], noise=d["noise"][s])
-    assert tr._deepspeed is not None
+    assert tr.deepspeed_stage is not None
     assert ref.reference_policy is not None
     assert tr.reference_policy is not None
     with tr.gathered_weights():
@@ -234,8 +234,8 @@ def test_close_frees_the_engines_before_the_interpreter_exits(tmp_path: Path, kl
         warnings.simplefilter("ignore")
         trainer = GRPOTrainer(config, policy, lambda s, a: (a == 0).float())
         trainer.step(torch.randn(2, 4))
-    assert trainer._deepspeed is not None
-    engines = [weakref.ref(e) for e in (trainer._deepspeed.engine, trainer._deepspeed.reference_engine) if e]
+    assert trainer.deepspeed_stage is not None
+    engines = [weakref.ref(e) for e in (trainer.backend.engine, trainer.backend.reference_engine) if e]
     assert len(engines) == (2 if kl else 1)
     assert any(m is policy for m in parameter_offload.FWD_MODULE_STACK)  # DeepSpeed's own hold
     shutdown(trainer)

@@ -1,6 +1,6 @@
 """Checkpoints across process counts: saved by 2 processes, resumed on 1, and the other way round.
 
-Uses `GRPOTrainer.save_checkpoint` / `load_checkpoint` (grpo/state/checkpoint.py); skipped until that
+Uses `GRPOTrainer.save_checkpoint` / `load_checkpoint` (grpo/state/checkpoint/); skipped until that
 module exists. Batch sizes in the config are per process: the 1-process run has batch_size 8, the
 2-process run 4 per process (the same global batch), so loading across the two warns that the
 configs differ in batch_size, and the run still continues exactly.

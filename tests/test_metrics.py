@@ -93,15 +93,3 @@ def test_every_metric_declares_a_known_reduction_and_components_match_their_patt
 def test_docs_metrics_md_is_generated_from_the_declarations() -> None:
     text = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
     assert text == glossary_markdown(), "run: python -m grpo.metrics > docs/metrics.md"
-
-
-def test_the_earlier_distributed_sync_reduce_metrics_warns_and_reduces_by_declaration() -> None:
-    from grpo.engine.distributed import DistributedSync
-
-    sync = DistributedSync.__new__(DistributedSync)  # no process group: all_gather is replaced
-    rows = [{"reward/mean": 1.0, "loss/total": 0.25}, {"reward/mean": 3.0, "loss/total": 0.5}]
-    counts = [StepCounts(1.0, 1.0, 1.0), StepCounts(3.0, 1.0, 1.0)]
-    sync.all_gather, _ = gather_rows(rows, counts)  # type: ignore[method-assign]
-    with pytest.warns(DeprecationWarning, match="reduce_across_ranks"):
-        out = sync.reduce_metrics(rows[0], samples=1, groups=1, valid_steps=1.0)
-    assert out == {"reward/mean": pytest.approx((1.0 + 9.0) / 4), "loss/total": 0.75}

@@ -526,14 +526,20 @@ def test_entropy_is_differentiable_only_when_the_loss_trains_it(entropy_coeff: f
             assert torch.equal(v, before[k]), k
 
 
-def test_compute_advantages_is_deprecated_but_still_fills_the_batch(contextual: ContextualBandit) -> None:
+def test_the_batch_is_frozen_and_update_takes_the_advantages_it_is_given(
+    contextual: ContextualBandit,
+) -> None:
+    """Nothing writes into a batch after it is made (advantages are returned, never stored in it),
+    and update() refuses anything but trainer.advantages(batch)."""
     trainer = make(GRPOConfig(group_size=4, batch_size=2, seed=0), contextual.policy(), contextual.reward)
     batch = trainer.collect(contextual.states(2))
-    with pytest.warns(DeprecationWarning, match=r"use adv = trainer.advantages\(batch\)"):
-        stats = trainer.compute_advantages(batch)
-    adv = trainer.advantages(batch)
-    assert batch.advantages is not None
-    assert torch.equal(batch.advantages, adv.values)
-    assert float(stats["reward/mean"]) == adv.metrics()["reward/mean"]
-    with pytest.raises(ValueError, match=r"update\(\) needs advantages"):
-        trainer.update(dataclasses.replace(batch, advantages=None))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        batch.rewards = torch.zeros(8)  # type: ignore[misc]
+    assert not hasattr(batch, "advantages")
+    assert not hasattr(trainer, "compute_advantages")
+    with pytest.raises(
+        TypeError, match=r"update\(batch, advantages\) needs the Advantages of trainer\.advantages"
+    ):
+        trainer.update(batch, batch.rewards)  # type: ignore[arg-type]
+    stats = trainer.update(batch, trainer.advantages(batch))
+    assert "loss/policy" in stats

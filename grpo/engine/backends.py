@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -42,6 +43,7 @@ __all__ = [
     "DataParallelBackend",
     "LocalBackend",
     "OptimizerStepResult",
+    "ShardedWeights",
     "apply_or_skip",
 ]
 
@@ -78,12 +80,23 @@ class Backend(Protocol):
             (``p``, ``p.grad``), so `grpo.update.guard` checks them directly (non-finite weights, an
             optimizer's non-finite learning rate, log-probs that reach no parameter); False where
             they are partitioned (DeepSpeed, FSDP).
+        lockstep_forwards: every process must run the same forwards, because each forward
+            gathers partitioned weights (DeepSpeed ZeRO-3); the trainer then refuses different
+            numbers of states on different processes before any forward, instead of hanging.
+        checkpointable: `GRPOTrainer.state_dict` can hold this backend's whole state (False for
+            DeepSpeed, whose optimizer state stays partitioned over the processes).
+        sharded_weights: None when the weights are whole tensors of the policy on every process
+            (the trainer reads and writes them through the policy); else the `ShardedWeights`
+            that gathers them for a checkpoint and shards them back on load (FSDP).
     """
 
     world_size: int
     rescales_gradients: bool
     supports_rollback: bool
     local_weights: bool
+    lockstep_forwards: bool
+    checkpointable: bool
+    sharded_weights: ShardedWeights | None
 
     def zero_grad(self) -> None:
         """Clear the gradients before an optimizer step's first backward."""
@@ -113,6 +126,38 @@ class Backend(Protocol):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what `state_dict` returned."""
+
+    def gathered(self) -> AbstractContextManager[None]:
+        """A context in which the policy's (and the reference copy's) weights hold their full
+        values on every process, for reading (every process must enter it); a no-op where the
+        weights are whole already."""
+
+    def close(self) -> None:
+        """Release what the backend holds outside the trainer (engines, hooks, process groups)."""
+
+
+class ShardedWeights(Protocol):
+    """Weights sharded over the processes (`Backend.sharded_weights`): gathered into one whole
+    state dict for a checkpoint, checked and sharded back on load (FSDP, `grpo.engine.fsdp`)."""
+
+    module: Any
+    rank: int
+    world_size: int
+
+    def state_dict_names(self, tensors: Mapping[str, Tensor]) -> dict[str, list[str]]:
+        """Each of ``tensors`` (the policy's, by its own names) -> the module state-dict names it is."""
+
+    def gathered_model_state_dict(self) -> dict[str, Tensor]:
+        """The module's full state dict on rank 0 (``{}`` on the others); a collective."""
+
+    def model_state_problem(self, weights: Mapping[str, Any], *, strict: bool) -> str | None:
+        """What is wrong with ``weights`` for the module (None: they fit)."""
+
+    def optimizer_state_problem(self, state: Any) -> str | None:
+        """What is wrong with a whole optimizer state for the sharded optimizer (None: it fits)."""
+
+    def load_model_state_dict(self, weights: Mapping[str, Any], *, strict: bool) -> None:
+        """Shard rank 0's full ``weights`` into the module (a collective)."""
 
 
 class _Steps(Protocol):
@@ -152,6 +197,9 @@ class LocalBackend:
     rescales_gradients = True
     supports_rollback = True
     local_weights = True
+    lockstep_forwards = False
+    checkpointable = True
+    sharded_weights: ShardedWeights | None = None
 
     def __init__(
         self,
@@ -226,6 +274,12 @@ class LocalBackend:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+
+    def gathered(self) -> AbstractContextManager[None]:
+        return nullcontext()  # the weights are whole tensors of this process
+
+    def close(self) -> None:
+        return None
 
 
 class DataParallelBackend(LocalBackend):

@@ -59,7 +59,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from grpo.engine.backends import OptimizerStepResult
+from grpo.engine.backends import OptimizerStepResult, ShardedWeights
 from grpo.engine.distributed import DistributedSync
 from grpo.metrics import StepCounts, reduce_across_ranks
 from grpo.runtime.extras import install_hint
@@ -181,6 +181,15 @@ def prepare_deepspeed_config(
                 f"and the learning-rate schedule (GRPOConfig.learning_rate, weight_decay, lr_schedule, "
                 f"warmup_steps, or GRPOTrainer(optimizer=...)). Remove the {section!r} section."
             )
+    _fill_zero_section(cfg, hidden_size)
+    _fill_clipping_and_batch(cfg, max_grad_norm, world_size)
+    _fill_precision(cfg)
+    cfg.setdefault("steps_per_print", 10**9)  # DeepSpeed's periodic log lines: off
+    return cfg
+
+
+def _fill_zero_section(cfg: dict[str, Any], hidden_size: int | None) -> None:
+    """Check ``zero_optimization.stage`` (1, 2 or 3) and fill its ``"auto"`` values."""
     zero = cfg.get("zero_optimization") or {}
     if not isinstance(zero, dict):
         raise ValueError(f"the DeepSpeed config's zero_optimization must be an object, got {zero!r}.")
@@ -201,6 +210,9 @@ def prepare_deepspeed_config(
                 del zero[key]
     cfg["zero_optimization"] = zero
 
+
+def _fill_clipping_and_batch(cfg: dict[str, Any], max_grad_norm: float | None, world_size: int) -> None:
+    """``gradient_clipping`` from ``max_grad_norm``; accumulation and batch sizes the trainer's."""
     want_clip = 0.0 if max_grad_norm is None else float(max_grad_norm)
     clip = cfg.get("gradient_clipping", "auto")
     if clip == "auto":
@@ -222,6 +234,9 @@ def prepare_deepspeed_config(
     cfg["train_micro_batch_size_per_gpu"] = 1
     cfg["train_batch_size"] = world_size
 
+
+def _fill_precision(cfg: dict[str, Any]) -> None:
+    """``bf16`` / ``fp16`` ``"auto"`` -> accelerate's mixed precision, else off."""
     mixed = _mixed_precision()
     for precision in ("bf16", "fp16"):
         settings = cfg.get(precision)
@@ -234,8 +249,6 @@ def prepare_deepspeed_config(
     bf16 = cfg.get("bf16")
     if isinstance(bf16, dict) and bf16.get("enabled"):
         bf16.setdefault("check_grad_overflow", True)
-    cfg.setdefault("steps_per_print", 10**9)  # DeepSpeed's periodic log lines: off
-    return cfg
 
 
 def import_deepspeed() -> Any:
@@ -455,6 +468,7 @@ class DeepSpeedBackend:
         _join_process_group(world_size, device)
         self.world_size = world_size
         self.stage = int(self.config["zero_optimization"]["stage"])
+        self.lockstep_forwards = self.stage == 3  # each forward all-gathers the partitioned weights
         engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.config)
         self.engine: Any = engine
         self.module: nn.Module = engine.module  # the policy's module (kept after `close`)
@@ -474,6 +488,8 @@ class DeepSpeedBackend:
     rescales_gradients = False  # DeepSpeed reduces (and partitions) gradients in its backward
     supports_rollback = False  # the optimizer state is partitioned over the processes
     local_weights = False  # partitioned: the guard's weight and gradient checks do not apply
+    checkpointable = False  # the optimizer state stays partitioned over the processes
+    sharded_weights: ShardedWeights | None = None  # the trainer's checkpoints are refused
 
     def global_sum(self, value: Tensor) -> Tensor:
         return value.detach().clone() if self.sync is None else self.sync.all_reduce_sum(value)

@@ -53,16 +53,13 @@ import importlib
 import logging
 import os
 import random
-import warnings
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor
-
-from grpo.metrics import StepCounts, reduce_across_ranks
 
 __all__ = [
     "DISTRIBUTED_MODES",
@@ -334,7 +331,7 @@ class DistributedSync:
             dtype=torch.float64,
             device=self.device,
         )
-        every = self._all_gather(mine)
+        every = self.all_gather(mine)
         if not bool((every == every[0]).all()):
             rows = ", ".join(
                 f"rank {r}: {int(x[0])} tensors / {int(x[1])} elements" for r, x in enumerate(every.tolist())
@@ -400,16 +397,6 @@ class DistributedSync:
         torch.distributed.all_reduce(out, op=torch.distributed.ReduceOp.SUM)
         return out
 
-    def global_normaliser(self, local: Tensor, mask: Tensor) -> Tensor:
-        """``max(1, sum_r Z_r)`` with ``Z_r`` this rank's normaliser, or 0 when its loss mask is empty.
-
-        `aggregation_normaliser` clamps a count of 0 to 1 so that one process never divides by
-        zero; summed over ranks, that clamp would add 1 per rank whose groups were all left out
-        (e.g. dropped zero-variance groups). The clamp is applied once, to the global count.
-        """
-        contribution = local * mask.any().to(local.dtype)
-        return self.all_reduce_sum(contribution).clamp(min=1.0)
-
     def check_same_optimizer_steps(self, num_groups: int, mini_batch_size: int) -> None:
         """Raise `ValueError` on every rank unless all ranks take the same number of optimizer steps.
 
@@ -420,7 +407,7 @@ class DistributedSync:
         """
         steps = -(-num_groups // mini_batch_size)
         mine = torch.tensor([float(num_groups), float(steps)], dtype=torch.float64, device=self.device)
-        every = self._all_gather(mine).cpu()
+        every = self.all_gather(mine).cpu()
         if len(set(every[:, 1].tolist())) > 1:
             groups = [int(x) for x in every[:, 0].tolist()]
             per_rank = [int(x) for x in every[:, 1].tolist()]
@@ -435,26 +422,13 @@ class DistributedSync:
         """Raise `ValueError` on every rank unless all ranks got ``num_states`` states (one
         all-gather). ``why`` says what makes the counts matter (it ends the message's clause)."""
         mine = torch.tensor([float(num_states)], dtype=torch.float64, device=self.device)
-        every = [int(x) for x in self._all_gather(mine).cpu().flatten().tolist()]
+        every = [int(x) for x in self.all_gather(mine).cpu().flatten().tolist()]
         if len(set(every)) > 1:
             raise ValueError(
                 f"the processes got different numbers of states this step (per rank: {every}), "
                 f"but {why}. Pass the same number of states on every rank, e.g. with "
                 f"grpo.engine.distributed.shard(states) on a global batch divisible by the world size."
             )
-
-    def reduce_metrics(
-        self, metrics: Mapping[str, float], *, samples: int, groups: int, valid_steps: float
-    ) -> dict[str, float]:
-        """Deprecated: `grpo.metrics.reduce_across_ranks` (each metric by its declared reduction)."""
-        warnings.warn(
-            "DistributedSync.reduce_metrics is deprecated; use grpo.metrics.reduce_across_ranks("
-            "metrics, StepCounts(samples, groups, valid_steps), sync.all_gather).",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        counts = StepCounts(float(samples), float(groups), float(valid_steps))
-        return reduce_across_ranks(metrics, counts, self.all_gather)
 
     def all_gather(self, t: Tensor) -> Tensor:
         """Every rank's ``t`` stacked: ``(world_size, *t.shape)`` (on ``t``'s device: move it to
@@ -463,8 +437,6 @@ class DistributedSync:
         parts = [torch.empty_like(t) for _ in range(self.world_size)]
         torch.distributed.all_gather(parts, t.contiguous())
         return torch.stack(parts)
-
-    _all_gather = all_gather
 
 
 def _buckets(params: Iterable[Tensor]) -> list[list[Tensor]]:

@@ -43,12 +43,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
 
-from grpo.engine.backends import OptimizerStepResult, apply_or_skip
+from grpo.engine.backends import OptimizerStepResult, ShardedWeights, apply_or_skip
 from grpo.engine.deepspeed import training_module
 from grpo.engine.distributed import DistributedSync
 from grpo.engine.optim import grad_norm
@@ -226,6 +227,39 @@ def shard_policy(
     module = _policy_module(policy)
     fsdp = _fsdp()
     dist = torch.distributed
+    _check_can_shard(module)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.get_world_size()
+    mesh = init_device_mesh(device.type, (world,))
+    if broadcast_from_rank0:
+        _broadcast_from_rank0(module)
+    chosen = list((units or default_units)(module))
+    for unit in [*chosen, module]:
+        fsdp.fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    _sum_gradients(module)
+    if dist.get_rank() == 0:
+        n = sum(p.numel() for p in module.parameters())
+        shown = (type(module).__name__, world, device, len(chosen), n, -(-n // world))
+        logger.info(
+            "FSDP2: %s sharded over %d processes on %s (%d units + root, %d parameters, ~%d per rank)", *shown
+        )
+    return module
+
+
+def _sum_gradients(module: nn.Module) -> None:
+    """Every FSDP unit reduces its gradients by a plain SUM: the losses are shares of a global
+    mean, so the gradients are summed, never averaged (both setters act on one unit only)."""
+    for m in module.modules():
+        if is_fsdp_sharded(m):
+            sharded: Any = m
+            sharded.set_gradient_divide_factor(1.0)
+            sharded.set_force_sum_reduction_for_comms(True)
+
+
+def _check_can_shard(module: nn.Module) -> None:
+    """Refuse to shard without a process group, or twice."""
+    dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(
             "FSDP shards the policy over the processes of torch.distributed's default process group, "
@@ -237,35 +271,6 @@ def shard_policy(
         raise ValueError(
             f"{type(module).__name__} is sharded by FSDP already; call shard_policy once per policy."
         )
-    from torch.distributed.device_mesh import init_device_mesh
-
-    world = dist.get_world_size()
-    mesh = init_device_mesh(device.type, (world,))
-    if broadcast_from_rank0:
-        _broadcast_from_rank0(module)
-    chosen = list((units or default_units)(module))
-    for unit in chosen:
-        fsdp.fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fsdp.fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    for m in module.modules():
-        if is_fsdp_sharded(m):
-            # the losses are shares of a global mean: sum the gradients, never average them
-            # (both setters act on this unit only, hence the loop)
-            sharded: Any = m
-            sharded.set_gradient_divide_factor(1.0)
-            sharded.set_force_sum_reduction_for_comms(True)
-    if dist.get_rank() == 0:
-        n = sum(p.numel() for p in module.parameters())
-        logger.info(
-            "FSDP2: %s sharded over %d processes on %s (%d units + root, %d parameters, ~%d per rank)",
-            type(module).__name__,
-            world,
-            device,
-            len(chosen),
-            n,
-            -(-n // world),
-        )
-    return module
 
 
 # ---- the backend ---------------------------------------------------------------------------------
@@ -297,6 +302,8 @@ class FSDPBackend:
     rescales_gradients = False
     supports_rollback = True  # grpo.update.rollback copies each rank's local shards (bitwise, tested)
     local_weights = False  # partitioned: the guard's weight and gradient checks do not apply
+    lockstep_forwards = False
+    checkpointable = True  # gathered into one whole state on rank 0 (GRPOTrainer.state_dict)
 
     def __init__(
         self,
@@ -328,8 +335,17 @@ class FSDPBackend:
         self.max_grad_norm = max_grad_norm
         self.sync = sync
         self.world_size = sync.world_size
+        self.rank = sync.rank
+        self.sharded_weights: ShardedWeights | None = self  # gathered for checkpoints, sharded on load
         self._loss: Tensor | None = None
         self._names = {id(p): _fqn(n) for n, p in module.named_parameters()}
+
+    def gathered(self) -> AbstractContextManager[None]:
+        """A no-op: read the full weights with `gathered_model_state_dict` or `full_state_dict`."""
+        return nullcontext()
+
+    def close(self) -> None:
+        return None  # FSDP2's hooks live on the module, freed with it
 
     # ---- one optimizer step ----------------------------------------------------------------------
     def zero_grad(self) -> None:

@@ -109,7 +109,6 @@ class BackendSetup:
     optimizer: torch.optim.Optimizer | None
     scheduler: torch.optim.lr_scheduler.LRScheduler | None
     backend: Backend | None
-    deepspeed: DeepSpeedBackend | None
     reference_copy: PolicyModel | None = None  # the frozen copy for the KL term, if asked for
 
 
@@ -126,22 +125,7 @@ def make_backend(
     frozen copy of the policy for the KL term, with every rank's weights equal and before FSDP
     or DeepSpeed ZeRO-3 shard them (`BackendSetup.reference_copy`)."""
     ds_config = deepspeed_config_from(config.deepspeed)  # None: no DeepSpeed
-    if config.fsdp:
-        if ds_config is not None:
-            raise ValueError("GRPOConfig(fsdp=True) and deepspeed=... both shard the policy; choose one.")
-        if sync is None:
-            raise ValueError(
-                "GRPOConfig(fsdp=True) shards the policy over torch.distributed processes, but this "
-                "is one process. Launch with torchrun --nproc_per_node=N, or set fsdp=False."
-            )
-        if optimizer is not None:
-            raise ValueError(
-                f"GRPOConfig(fsdp=True) replaces every parameter of the policy by a sharded DTensor, "
-                f"so the optimizer given ({type(optimizer).__name__}, built over the unsharded "
-                f"parameters) would update tensors that are no longer the model's. Pass "
-                f"optimizer=None: the trainer builds AdamW (GRPOConfig.learning_rate, weight_decay) "
-                f"over the sharded parameters."
-            )
+    _check_fsdp(config, ds_config, sync, optimizer)
     if sync is not None:
         sync.attach(policy_parameters(policy), policy)  # same layout on every rank; rank 0's weights
     reference_copy = _frozen_copy(policy) if copy_reference else None  # whole, before any sharding
@@ -154,7 +138,7 @@ def make_backend(
     _check_param_devices(params, device)
     opt = _make_optimizer(config, params, optimizer, ds_config)
     if opt is None:
-        return BackendSetup(params, None, None, None, None, reference_copy)
+        return BackendSetup(params, None, None, None, reference_copy)
     sched = build_scheduler(
         opt, config.lr_schedule, config.warmup_steps, config.total_steps, config.lr_min_ratio,
         adaptive=config.adaptive_lr_kl is not None,
@@ -164,7 +148,7 @@ def make_backend(
             policy, params, opt, ds_config, max_grad_norm=config.max_grad_norm,
             world_size=1 if sync is None else sync.world_size, device=device, scheduler=sched, sync=sync,
         )  # fmt: skip
-        return BackendSetup(params, opt, sched, ds, ds, reference_copy)
+        return BackendSetup(params, opt, sched, ds, reference_copy)
     backend: Backend
     if config.fsdp:
         from grpo.engine.fsdp import FSDPBackend
@@ -175,7 +159,33 @@ def make_backend(
         backend = DataParallelBackend(sync, params, opt, sched, config.max_grad_norm)
     else:
         backend = LocalBackend(params, opt, sched, config.max_grad_norm)
-    return BackendSetup(params, opt, sched, backend, None, reference_copy)
+    return BackendSetup(params, opt, sched, backend, reference_copy)
+
+
+def _check_fsdp(
+    config: GRPOConfig,
+    ds_config: dict[str, Any] | None,
+    sync: DistributedSync | None,
+    optimizer: torch.optim.Optimizer | None,
+) -> None:
+    """Refuse ``fsdp=True`` where it cannot run (with DeepSpeed, on one process, a user optimizer)."""
+    if not config.fsdp:
+        return
+    if ds_config is not None:
+        raise ValueError("GRPOConfig(fsdp=True) and deepspeed=... both shard the policy; choose one.")
+    if sync is None:
+        raise ValueError(
+            "GRPOConfig(fsdp=True) shards the policy over torch.distributed processes, but this "
+            "is one process. Launch with torchrun --nproc_per_node=N, or set fsdp=False."
+        )
+    if optimizer is not None:
+        raise ValueError(
+            f"GRPOConfig(fsdp=True) replaces every parameter of the policy by a sharded DTensor, "
+            f"so the optimizer given ({type(optimizer).__name__}, built over the unsharded "
+            f"parameters) would update tensors that are no longer the model's. Pass "
+            f"optimizer=None: the trainer builds AdamW (GRPOConfig.learning_rate, weight_decay) "
+            f"over the sharded parameters."
+        )
 
 
 def _check_param_devices(params: Sequence[Tensor], device: torch.device) -> None:
@@ -217,7 +227,7 @@ def make_reference(
     policy: PolicyModel,
     reference_policy: PolicyModel | None,
     device: torch.device,
-    deepspeed: DeepSpeedBackend | None,
+    backend: Backend | None,
     copy_made: PolicyModel | None = None,
 ) -> PolicyModel | None:
     """The reference policy: the one given, or a frozen copy of ``policy`` (``copy_made`` when
@@ -239,7 +249,8 @@ def make_reference(
         reference = reference_policy if moved is None else moved
     else:
         reference = copy_made if copy_made is not None else _frozen_copy(policy)
-    module = reference_module(reference, deepspeed)
+    deepspeed = _deepspeed(backend)
+    module = reference_module(reference, backend)
     if deepspeed is not None and deepspeed.stage == 3 and module is not None:
         deepspeed.partition_reference(module)
     return reference
@@ -267,9 +278,20 @@ def _frozen_copy(policy: PolicyModel) -> PolicyModel:
     return ref
 
 
-def reference_module(reference: PolicyModel | None, deepspeed: DeepSpeedBackend | None) -> nn.Module | None:
+def _deepspeed(backend: Backend | None) -> DeepSpeedBackend | None:
+    return backend if isinstance(backend, DeepSpeedBackend) else None
+
+
+def deepspeed_stage(backend: Backend | None) -> int | None:
+    """The DeepSpeed ZeRO stage (1, 2 or 3) when ``backend`` is DeepSpeed's, else None."""
+    deepspeed = _deepspeed(backend)
+    return None if deepspeed is None else deepspeed.stage
+
+
+def reference_module(reference: PolicyModel | None, backend: Backend | None) -> nn.Module | None:
     """The reference policy's own module (a copy of the policy's), or None: no reference, or
     one without a module of its own (e.g. the policy with its LoRA adapter disabled)."""
+    deepspeed = _deepspeed(backend)
     if reference is None:
         return None
     try:
@@ -293,14 +315,15 @@ def _fsdp_module(policy: PolicyModel) -> nn.Module | None:
 
 
 def refresh_reference(
-    policy: PolicyModel, reference: PolicyModel | None, deepspeed: DeepSpeedBackend | None
+    policy: PolicyModel, reference: PolicyModel | None, backend: Backend | None
 ) -> PolicyModel | None:
     """Copy ``policy``'s weights into ``reference``; returns the (possibly new) reference."""
     if reference is None:
         return None
+    deepspeed = _deepspeed(backend)
     if deepspeed is not None and deepspeed.stage == 3:
         # both partitioned: copied module by module (every rank takes part)
-        target = reference_module(reference, deepspeed)
+        target = reference_module(reference, backend)
         if target is None:
             raise TypeError(
                 f"under DeepSpeed ZeRO-3 the reference policy is refreshed through its module, "

@@ -53,12 +53,11 @@ from grpo.state.checkpoint import (
     STATE_FILE,
     STATE_JSON,
     CheckpointError,
-    _kind,
-    _short,
     in_file,
     load_policy_state,
     policy_state,
 )
+from grpo.state.checkpoint.errors import kind, short
 from grpo.state.checks import (
     optimizer_problem,
     running_stats_problem,
@@ -70,7 +69,7 @@ from grpo.state.checks import (
 )
 
 if TYPE_CHECKING:
-    from grpo.engine.fsdp import FSDPBackend
+    from grpo.engine.backends import Backend, ShardedWeights
 
 __all__ = ["STATE_KEYS", "TrainerStateMixin"]
 
@@ -92,11 +91,9 @@ class TrainerStateMixin:
     step_count: int
     guard: Any
     config: Any
-    _generator: torch.Generator
-    _checkpoint_components: dict[str, Any]
-    _deepspeed: Any  # grpo.engine.deepspeed.DeepSpeedBackend | None
     generator: torch.Generator
-    backend: Any  # grpo.engine.backends.Backend | None
+    _checkpoint_components: dict[str, Any]
+    backend: Backend | None
 
     def register_checkpoint_state(self, name: str, obj: Any) -> None:
         """Save and restore ``obj`` (with ``state_dict()`` / ``load_state_dict()``) in checkpoints,
@@ -124,13 +121,14 @@ class TrainerStateMixin:
         Under FSDP a collective: every process must call it. Rank 0 gets the whole (gathered)
         policy weights and optimizer state; the other ranks get ``{}`` for those two entries.
         """
-        self._refuse_under_deepspeed("state_dict")
+        self._refuse_unless_checkpointable("state_dict")
         opt, sched = self.optimizer, self.scheduler
         ref = self.reference_policy
-        fsdp = self._fsdp_backend()
-        if fsdp is not None:  # gathered: full tensors on rank 0, {} elsewhere
-            policy = self._fsdp_policy_state(fsdp)
-            engine = fsdp.state_dict()
+        sharded = self._sharded()
+        if sharded is not None:  # gathered: full tensors on rank 0, {} elsewhere
+            policy = self._sharded_policy_state(sharded)
+            assert self.backend is not None
+            engine = self.backend.state_dict()
             optimizer, scheduler = engine["optimizer"], engine["scheduler"]
         else:
             policy = policy_state(self.policy)
@@ -155,10 +153,10 @@ class TrainerStateMixin:
         are loaded (broadcast and sharded; the other ranks may pass the same or ``{}``); a state
         that does not fit raises `CheckpointError` on every rank.
         """
-        self._refuse_under_deepspeed("load_state_dict")
-        fsdp = self._fsdp_backend()
-        if fsdp is not None:
-            self._fsdp_load_state_dict(fsdp, state, source)
+        self._refuse_unless_checkpointable("load_state_dict")
+        sharded = self._sharded()
+        if sharded is not None:
+            self._sharded_load_state_dict(sharded, state, source)
             return
         self._check_state(state, source)
         self._check_tensors(state, source)
@@ -205,17 +203,12 @@ class TrainerStateMixin:
         self.step_count = int(state["step_count"])
         self.guard.non_finite_steps = int(state["non_finite_steps"])
 
-    # ---- FSDP: gathered on save, broadcast and sharded on load ------------------------------------
-    def _fsdp_backend(self) -> FSDPBackend | None:
-        """The `grpo.engine.fsdp.FSDPBackend` when the policy is sharded by FSDP, else None."""
-        backend = getattr(self, "backend", None)
-        if backend is None or not getattr(self.config, "fsdp", False):
-            return None
-        from grpo.engine.fsdp import FSDPBackend
+    # ---- sharded weights (FSDP): gathered on save, broadcast and sharded on load ------------------
+    def _sharded(self) -> ShardedWeights | None:
+        """The backend's `grpo.engine.backends.ShardedWeights` when it shards the weights, else None."""
+        return None if self.backend is None else self.backend.sharded_weights
 
-        return backend if isinstance(backend, FSDPBackend) else None
-
-    def _fsdp_policy_names(self, fsdp: FSDPBackend) -> dict[str, list[str]] | None:
+    def _sharded_policy_names(self, fsdp: ShardedWeights) -> dict[str, list[str]] | None:
         """``policy_state`` key -> the sharded module's state-dict names it stands for (several for a
         tied weight); None when the policy is the module itself (the keys are the names)."""
         if self.policy is fsdp.module:
@@ -236,19 +229,19 @@ class TrainerStateMixin:
         except ValueError as e:
             raise CheckpointError(str(e)) from e
 
-    def _fsdp_policy_state(self, fsdp: FSDPBackend) -> dict[str, Any]:
+    def _sharded_policy_state(self, fsdp: ShardedWeights) -> dict[str, Any]:
         """The policy's full weights in `grpo.state.checkpoint.policy_state`'s format on rank 0 (``{}``
         elsewhere); a collective."""
-        names = self._fsdp_policy_names(fsdp)  # before the collective: raises on every rank alike
+        names = self._sharded_policy_names(fsdp)  # before the collective: raises on every rank alike
         full = fsdp.gathered_model_state_dict()
         if names is None or not full:
             return full
         return {k: full[n[0]] for k, n in names.items()}
 
-    def _fsdp_load_state_dict(self, fsdp: FSDPBackend, state: Mapping[str, Any], source: str) -> None:
+    def _sharded_load_state_dict(self, fsdp: ShardedWeights, state: Mapping[str, Any], source: str) -> None:
         """`load_state_dict` under FSDP: every rank checks what it can (rank 0 also the weights
         and the optimizer state), the verdicts are all-gathered, then the loads are collectives."""
-        names = self._fsdp_policy_names(fsdp)
+        names = self._sharded_policy_names(fsdp)
         weights: dict[str, Any] = {}
         problem: str | None = None
         try:
@@ -257,7 +250,7 @@ class TrainerStateMixin:
             if ref is not None:
                 problem = weights_problem(policy_state(ref, "reference_policy"), state["reference_policy"])
                 problem = problem and f"{source}: reference_policy: {problem}"
-            if problem is None and fsdp.sync.rank == 0:
+            if problem is None and fsdp.rank == 0:
                 given = state["policy"]
                 if names is None:
                     weights = dict(given)
@@ -281,7 +274,8 @@ class TrainerStateMixin:
         fsdp.load_model_state_dict(weights, strict=names is None)
         if self.reference_policy is not None:
             load_policy_state(self.reference_policy, state["reference_policy"], "reference_policy")
-        fsdp.load_state_dict({"optimizer": state["optimizer"], "scheduler": state["scheduler"]})
+        assert self.backend is not None
+        self.backend.load_state_dict({"optimizer": state["optimizer"], "scheduler": state["scheduler"]})
         self._load_rest(state)
 
     def _check_state(self, state: Mapping[str, Any], source: str) -> None:
@@ -296,14 +290,18 @@ class TrainerStateMixin:
             if type(v) is not int or not 0 <= v <= MAX_COUNT:
                 raise CheckpointError(
                     f"{in_file(source, STATE_JSON)}: scalars.{k}: must be an integer in [0, 2**63), got "
-                    f"{_short(v)} ({type(v).__name__})."
+                    f"{short(v)} ({type(v).__name__})."
                 )
-        g = state["generator"]
+        self._check_generator(state["generator"], source)
+        self._check_same_parts(state, source)
+
+    def _check_generator(self, g: Any, source: str) -> None:
+        """A saved generator state that this trainer's generator can take."""
         live_g = self.generator.get_state()
         if not isinstance(g, torch.Tensor) or g.dtype != torch.uint8 or g.shape != live_g.shape:
             raise CheckpointError(
                 f"{in_file(source, STATE_FILE)}: generator: must be a torch.Generator state (a uint8 tensor "
-                f"of shape {tuple(live_g.shape)}), got {_kind(g)}."
+                f"of shape {tuple(live_g.shape)}), got {kind(g)}."
             )
         try:
             torch.Generator().set_state(g)
@@ -311,6 +309,10 @@ class TrainerStateMixin:
             raise CheckpointError(
                 f"{in_file(source, STATE_FILE)}: generator: is not a valid torch.Generator state ({e})."
             ) from None
+
+    def _check_same_parts(self, state: Mapping[str, Any], source: str) -> None:
+        """The saved state has the parts this trainer has: reference, optimizer, scheduler and the
+        same stateful components (the advantage estimator's running statistics checked)."""
 
         def has(key: str) -> str:
             return "has" if state[key] is not None else "has no"
@@ -374,12 +376,12 @@ class TrainerStateMixin:
             if problem is not None:
                 raise CheckpointError(f"{in_file(source, STATE_JSON)}: {problem[0]}: {problem[1]}.")
 
-    def _weight_specs(self, role: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
+    def weight_specs(self, role: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
         """name -> (shape, dtype) of the live ``policy`` / ``reference_policy``: what
         `grpo.state.checkpoint` checks a weight file's header against before reading a tensor. None
         when there is no such model, or under FSDP (rank 0 checks the weights on load)."""
         model = self.policy if role == "policy" else self.reference_policy
-        if model is None or self._fsdp_backend() is not None:
+        if model is None or self._sharded() is not None:
             return None
         return {k: (tuple(v.shape), v.dtype) for k, v in policy_state(model, role).items()}
 
@@ -456,7 +458,7 @@ class TrainerStateMixin:
         from grpo.state import checkpoint
 
         keep = self.config.checkpoint_keep_last if keep_last is None else keep_last
-        self._refuse_under_deepspeed("save_checkpoint")
+        self._refuse_unless_checkpointable("save_checkpoint")
         state = self.state_dict()
         return main_process_only(  # under torchrun rank 0 writes, the other ranks wait for it
             lambda: checkpoint.save_checkpoint(state, self.config.to_dict(), directory, keep_last=keep),
@@ -472,7 +474,7 @@ class TrainerStateMixin:
         from grpo.engine.distributed import reseed_other_ranks
         from grpo.state import checkpoint
 
-        self._refuse_under_deepspeed("load_checkpoint")
+        self._refuse_unless_checkpointable("load_checkpoint")
         loaded = checkpoint.load_checkpoint(self, path)
         reseed_other_ranks(self.config.seed, self.step_count)  # ranks > 0: their own RNG streams
         return loaded
@@ -509,7 +511,7 @@ class TrainerStateMixin:
         unknown = sorted(set(saved) - known)
         if unknown:
             raise CheckpointError(
-                f"{where}: config: the fields {_short(unknown, 200)} are unknown to this version of "
+                f"{where}: config: the fields {short(unknown, 200)} are unknown to this version of "
                 f"GRPOConfig; load it with the grpo version that saved it."
             )
         try:
@@ -532,20 +534,20 @@ class TrainerStateMixin:
     def deepspeed_stage(self) -> int | None:
         """The DeepSpeed ZeRO stage (1, 2 or 3) when DeepSpeed runs the backward pass and optimizer
         step (``GRPOConfig.deepspeed``), else None."""
-        return None if self._deepspeed is None else self._deepspeed.stage
+        from grpo.engine.setup import deepspeed_stage
+
+        return deepspeed_stage(self.backend)
 
     def gathered_weights(self) -> contextlib.AbstractContextManager[None]:
         """A context manager within which the policy's weights (and those of the reference copy)
         hold their full values on every rank: under DeepSpeed ZeRO-3 each rank otherwise keeps
         only its partition (every rank must enter it: it all-gathers). A no-op otherwise. For
         reading (comparing, exporting); changes made inside are discarded."""
-        if self._deepspeed is None:
-            return contextlib.nullcontext()
-        gathered: contextlib.AbstractContextManager[None] = self._deepspeed.gathered()
-        return gathered
+        return contextlib.nullcontext() if self.backend is None else self.backend.gathered()
 
-    def _refuse_under_deepspeed(self, what: str) -> None:
-        if self._deepspeed is not None:
+    def _refuse_unless_checkpointable(self, what: str) -> None:
+        """Refuse where the backend's state cannot be held by one checkpoint (DeepSpeed)."""
+        if self.backend is not None and not self.backend.checkpointable:
             raise NotImplementedError(
                 f"GRPOTrainer.{what} is not supported with DeepSpeed ZeRO: the optimizer state is "
                 f"partitioned over the processes, and the trainer's checkpoint holds one optimizer "
