@@ -155,7 +155,7 @@ class GRPOTrainer(TrainerStateMixin):
     def _make_reward_shift(self) -> RewardShiftRestart | None:
         """The restart on a reward shift (`grpo.training.reward_shift`); its state (the starting
         weights too) is checkpointed."""
-        shard = self.config.fsdp or (self.backend is not None and not self.backend.checkpointable)
+        shard = self.backend is not None and not self.backend.local_weights  # FSDP, DeepSpeed
         watch = RewardShiftRestart.from_config(
             self.config, self.params, sharded=shard, optimizer=self.optimizer, scheduler=self.scheduler
         )
