@@ -1,0 +1,163 @@
+"""Locomotion (issue 27): GRPO on gymnasium's MuJoCo tasks, whole episodes vs branching, vs PPO.
+
+Every row trains for the same budget of env steps, every env step counted (trunk and branches
+included for branching), then the deterministic policy's mean return over 10 evaluation episodes
+on seeds 1_000_000.. (the same for every row; evaluation steps are not counted). Rows:
+
+* ``episodes``: what docs/gym_episodes.md recommends: ``gaussian_mlp``, ``EpisodeRewards()``,
+  ``GRPOConfig.recipe("small_policy", group_size=4, batch_size=4)``, B=4 whole episodes x G=4;
+* ``branch-H<h>-G<g>``: `grpo.gym.branching` with horizon H and group size G, B=8 snapshots per
+  update, one every ``H`` trunk steps, the same preset;
+* ``ppo``: stable-baselines3 ``PPO("MlpPolicy", env, seed=seed, device="cpu")`` with its
+  defaults (run with an interpreter that has stable-baselines3; never a grpo dependency).
+
+Run from the repository root::
+
+    python benchmarks/locomotion.py --env Hopper-v5 --budget 200000 --seeds 0 \
+        --rows episodes branch-H64-G4 [--json out.json]
+    /work/benchvenv/bin/python benchmarks/locomotion.py --env Hopper-v5 --budget 200000 --rows ppo
+
+Prints one line per (row, seed): the evaluation return, env steps, updates, wall clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+EVAL_SEEDS = range(1_000_000, 1_000_010)
+logger = logging.getLogger("locomotion")
+
+
+def evaluate(policy_fn: Any, env_id: str) -> float:
+    """Mean return of 10 deterministic episodes (``policy_fn(obs) -> action``)."""
+    import gymnasium as gym
+
+    env = gym.make(env_id)
+    total = []
+    for seed in EVAL_SEEDS:
+        obs, _ = env.reset(seed=seed)
+        done, ret = False, 0.0
+        while not done:
+            obs, r, term, trunc, _ = env.step(policy_fn(obs))
+            ret += float(r)
+            done = term or trunc
+        total.append(ret)
+    env.close()
+    return float(np.mean(total))
+
+
+def grpo_row(env_id: str, row: str, seed: int, budget: int) -> dict[str, Any]:
+    import gymnasium as gym
+
+    from grpo import GRPOConfig, GRPOTrainer, gaussian_mlp
+    from grpo.gym.branching import BranchPoints, branching_policy
+    from grpo.gym.episodes import EpisodePolicy, EpisodeRewards
+    from grpo.gym.snapshots import SnapshotStore
+
+    torch.manual_seed(seed)
+    probe = gym.make(env_id)
+    obs_dim, act_dim = probe.observation_space.shape[0], probe.action_space.shape[0]
+    probe.close()
+    net = gaussian_mlp(obs_dim, act_dim)
+    rng = np.random.default_rng(seed)
+    trunk = None
+    if row == "episodes":
+        b, g = 4, 4
+        policy = EpisodePolicy(env_id, net)
+
+        def states() -> list[int]:
+            return rng.integers(0, 2**31, size=b).tolist()
+    else:
+        m = re.fullmatch(r"branch-H(\d+)-G(\d+)", row)
+        if m is None:
+            raise ValueError(f"unknown row {row!r}")
+        horizon, g, b = int(m.group(1)), int(m.group(2)), 8
+        store = SnapshotStore()
+        policy = branching_policy(env_id, net, store, horizon=horizon)
+        trunk = BranchPoints(env_id, policy, store, every=horizon, seed=seed)
+
+        def states() -> list[int]:
+            assert trunk is not None
+            return trunk.sample(b)
+
+    config = GRPOConfig.recipe("small_policy", group_size=g, batch_size=b, seed=seed)
+    trainer = GRPOTrainer(config, policy, EpisodeRewards())
+    t0 = time.perf_counter()
+    updates = 0
+
+    def steps() -> int:
+        return policy.env_steps + (trunk.env_steps if trunk is not None else 0)
+
+    while steps() < budget:
+        trainer.step(states())
+        updates += 1
+    wall = time.perf_counter() - t0
+    dist_policy = policy.policy
+
+    def act(obs: Any) -> Any:
+        with torch.no_grad():
+            d = dist_policy.distribution(np.asarray(obs, dtype=np.float32).reshape(1, -1))
+            return d.mode[0].numpy()
+
+    ret = evaluate(act, env_id)
+    policy.close()
+    if trunk is not None:
+        trunk.close()
+    return {"return": ret, "env_steps": steps(), "updates": updates, "wall_s": wall}
+
+
+def ppo_row(env_id: str, seed: int, budget: int) -> dict[str, Any]:
+    from stable_baselines3 import PPO
+
+    t0 = time.perf_counter()
+    model = PPO("MlpPolicy", env_id, seed=seed, device="cpu")
+    model.learn(total_timesteps=budget)
+    wall = time.perf_counter() - t0
+    ret = evaluate(lambda obs: model.predict(obs, deterministic=True)[0], env_id)
+    return {"return": ret, "env_steps": int(model.num_timesteps), "updates": None, "wall_s": wall}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--env", default="Hopper-v5")
+    p.add_argument("--budget", type=int, default=200_000, help="env steps per run")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--rows", nargs="+", default=["episodes", "branch-H64-G4"])
+    p.add_argument("--json", type=Path, help="append the results (JSON lines) here")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(1)
+    for seed in args.seeds:
+        for row in args.rows:
+            res = (
+                ppo_row(args.env, seed, args.budget)
+                if row == "ppo"
+                else grpo_row(args.env, row, seed, args.budget)
+            )
+            res |= {"env": args.env, "row": row, "seed": seed, "budget": args.budget}
+            sys.stdout.write(
+                f"{args.env:16s} {row:16s} seed {seed}  return {res['return']:9.1f}  env steps "
+                f"{res['env_steps']:8d}  updates {res['updates']}  wall {res['wall_s']:7.1f} s\n"
+            )
+            sys.stdout.flush()
+            if args.json:
+                with args.json.open("a") as f:
+                    f.write(json.dumps(res) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
