@@ -11,8 +11,9 @@ import pytest
 import torch
 from torch import Tensor
 
-from grpo import GRPOConfig, GRPOTrainer, threads
+from grpo import GRPOConfig, GRPOTrainer
 from grpo.rollout.reward_guard import RewardError
+from grpo.runtime import threads
 from grpo.runtime.threads import SMALL_POLICY_ELEMENTS, intra_op_threads, policy_elements, resolve_num_threads
 from tests.conftest import ContextualBandit, Counting, WordPolicy
 
