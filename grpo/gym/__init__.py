@@ -3,6 +3,7 @@
 * `grpo.gym.episodes`: whole episodes as actions (`EpisodePolicy`, `EpisodeRewards`, `run_episodes`)
 * `grpo.gym.resets`: which tool when ``env.reset(seed=s)`` cannot give a group one start state
 * `grpo.gym.snapshots`: groups from saved and restored simulator states
+* `grpo.gym.branching`: groups of short continuations from states along the policy's trajectories
 * `grpo.gym.grouping`: groups by nearest start states, when the env cannot restore
 * `grpo.gym.exploration`: an exploration bonus for tasks where every group fails
 """

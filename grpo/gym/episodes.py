@@ -62,6 +62,8 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Distribution
 
+from grpo.envs.gym_vector import as_environment
+from grpo.envs.protocol import Environment
 from grpo.policies import DistributionPolicy
 from grpo.policy_base import EntropyRequest, PolicyOutput, entropy_grad_mode
 from grpo.reward_model_base import StatelessReward
@@ -242,13 +244,22 @@ class EpisodeRewards(StatelessReward):
 class _EnvPool:
     """Lazily built vector envs keyed by their number of sub-envs. Never copied (see __deepcopy__)."""
 
-    def __init__(self, env: str | Callable[[], Any], vectorization_mode: str, env_kwargs: dict[str, Any]):
+    def __init__(
+        self, env: str | Callable[[], Any] | Environment, vectorization_mode: str, env_kwargs: dict[str, Any]
+    ):
         self.env = env
         self.vectorization_mode = vectorization_mode
         self.env_kwargs = env_kwargs
         self._envs: dict[int, Any] = {}
 
     def get(self, num_envs: int) -> Any:
+        if isinstance(self.env, Environment):  # one given environment: its size is fixed
+            if self.env.num_envs != num_envs:
+                raise ValueError(
+                    f"{type(self.env).__name__} has num_envs={self.env.num_envs}, but this step plays "
+                    f"{num_envs} episodes (batch_size x group_size); build it with num_envs={num_envs}."
+                )
+            return self.env
         envs = self._envs.get(num_envs)
         if envs is None:
             gym = import_gymnasium()
@@ -267,6 +278,8 @@ class _EnvPool:
         return envs
 
     def close(self) -> None:
+        if isinstance(self.env, Environment):
+            self.env.close()
         for envs in self._envs.values():
             envs.close()
         self._envs.clear()
@@ -312,61 +325,67 @@ def env_seeds(states: Any) -> list[int]:
 def run_episodes(
     policy: DistributionPolicy,
     envs: Any,
-    seeds: Sequence[int],
+    seeds: Sequence[Any],
     *,
     max_steps: int | None = None,
     deterministic: bool = False,
 ) -> list[Episode]:
-    """Play ``len(seeds)`` episodes at once in the vector env ``envs`` (``envs.num_envs`` of them).
+    """Play ``len(seeds)`` episodes at once in ``envs``: an `grpo.envs.Environment` with that
+    many sub-environments, or a gymnasium vector env (wrapped in
+    `grpo.envs.gym_vector.GymVectorEnvironment`).
 
-    Sub-env i is reset with ``seeds[i]``. At each step one forward of ``policy`` on the (n, obs_dim)
-    observations gives the actions (sampled, or the distribution's mode if ``deterministic``).
-    Steps after an episode's end are discarded. Returns the episodes padded to the longest.
+    Sub-env i starts from ``seeds[i]`` (an int seed, or any start state the environment takes).
+    At each step one forward of ``policy`` on the (n, obs_dim) observations gives the actions
+    (sampled, or the distribution's mode if ``deterministic``). Steps after an episode's end are
+    discarded. Returns the episodes padded to the longest.
     """
-    gym = import_gymnasium()
+    env = as_environment(envs)
     n = len(seeds)
-    if envs.num_envs != n:
-        raise ValueError(f"run_episodes got {n} seeds for a vector env of {envs.num_envs} sub-envs.")
-    act_space = envs.single_action_space
-    discrete = isinstance(act_space, gym.spaces.Discrete)
-    if not discrete and not isinstance(act_space, gym.spaces.Box):
-        raise TypeError(
-            f"EpisodePolicy supports Discrete and Box action spaces; the env has {act_space}. "
-            f"Wrap the env (e.g. gymnasium.wrappers.FlattenObservation / a custom ActionWrapper)."
-        )
+    if env.num_envs != n:
+        raise ValueError(f"run_episodes got {n} seeds for a vector env of {env.num_envs} sub-envs.")
     device = policy._device()
-    obs_np, _ = envs.reset(seed=[int(s) for s in seeds])
-    obs_np = np.asarray(obs_np, dtype=np.float32).reshape(n, -1)
-    alive = np.ones(n, dtype=bool)
-    terminated_any = np.zeros(n, dtype=bool)
-    obs_list: list[np.ndarray] = []
+    obs = env.reset(list(seeds))
+    alive = torch.ones(n, dtype=torch.bool)
+    terminated_any = torch.zeros(n, dtype=torch.bool)
+    obs_list: list[Tensor] = []
     act_list: list[Tensor] = []
-    rew_list: list[np.ndarray] = []
-    mask_list: list[np.ndarray] = []
-    limit = max_steps if max_steps is not None else np.inf
+    rew_list: list[Tensor] = []
+    mask_list: list[Tensor] = []
+    limit = max_steps if max_steps is not None else math.inf
     t = 0
-    while alive.any() and t < limit:
-        obs_t = torch.from_numpy(obs_np).to(device)
-        dist: Distribution = policy.distribution(obs_t)
+    while bool(alive.any()) and t < limit:
+        dist: Distribution = policy.distribution(obs.to(device))
         a = dist.mode if deterministic else dist.sample()
-        a_np = a.cpu().numpy()
-        env_a = a_np.astype(np.int64) if discrete else np.clip(a_np, act_space.low, act_space.high)
-        next_obs, rew, term, trunc, _ = envs.step(env_a)
-        obs_list.append(obs_np)
+        step = env.step(a)
+        obs_list.append(obs.cpu())
         act_list.append(a.cpu())
-        rew_list.append(np.where(alive, np.asarray(rew, dtype=np.float32), 0.0).astype(np.float32))
-        mask_list.append(alive.copy())
-        terminated_any |= alive & np.asarray(term, dtype=bool)
-        alive = alive & ~(np.asarray(term, dtype=bool) | np.asarray(trunc, dtype=bool))
-        obs_np = np.asarray(next_obs, dtype=np.float32).reshape(n, -1)
+        rew_list.append(torch.where(alive, step.rewards.cpu(), 0.0))
+        mask_list.append(alive)
+        ended = step.terminated.cpu()
+        terminated_any |= alive & ended
+        alive = alive & ~(ended | step.truncated.cpu())
+        obs = step.observations
         t += 1
-    mask = torch.from_numpy(np.stack(mask_list, 1))  # (n, T)
-    obs = torch.from_numpy(np.stack(obs_list, 1)) * mask.unsqueeze(-1)  # (n, T, obs_dim)
+    return _padded_episodes(seeds, obs_list, act_list, rew_list, mask_list, terminated_any)
+
+
+def _padded_episodes(
+    seeds: Sequence[Any],
+    obs_list: list[Tensor],
+    act_list: list[Tensor],
+    rew_list: list[Tensor],
+    mask_list: list[Tensor],
+    terminated: Tensor,
+) -> list[Episode]:
+    """The steps stacked into `Episode`s padded to the longest; zeros after each episode's end."""
+    mask = torch.stack(mask_list, 1)  # (n, T)
+    obs = torch.stack(obs_list, 1) * mask.unsqueeze(-1)  # (n, T, obs_dim)
     act = torch.stack(act_list, 1)  # (n, T) or (n, T, act_dim)
-    act = act * (mask if discrete else mask.unsqueeze(-1)).to(act.dtype)
-    rew_t = torch.from_numpy(np.stack(rew_list, 1))  # (n, T)
+    act = act * (mask if act.dim() == 2 else mask.unsqueeze(-1)).to(act.dtype)
+    rew = torch.stack(rew_list, 1)  # (n, T)
+    starts = [int(s) if isinstance(s, (int, np.integer)) else -1 for s in seeds]
     return [
-        Episode(int(seeds[i]), obs[i], act[i], rew_t[i], mask[i], bool(terminated_any[i])) for i in range(n)
+        Episode(starts[i], obs[i], act[i], rew[i], mask[i], bool(terminated[i])) for i in range(len(seeds))
     ]
 
 
@@ -383,7 +402,9 @@ class EpisodePolicy(nn.Module):
     * ``evaluate_actions(...)``: the same plus the exact per-step entropy.
 
     Args:
-        env: a registered env id (``"CartPole-v1"``) or a zero-argument factory returning an env.
+        env: a registered env id (``"CartPole-v1"``), a zero-argument factory returning a gymnasium
+            env, or an `grpo.envs.Environment` with ``num_envs = batch_size x group_size``
+            sub-environments (a batched tensor environment such as `grpo.envs.pendulum.TensorPendulum`).
         policy: the network (see above). Its parameters are this module's parameters.
         max_steps: cap on the steps of one episode (None = the env's own time limit).
         vectorization_mode: ``"sync"`` (one process; best for cheap envs) or ``"async"``
@@ -398,7 +419,7 @@ class EpisodePolicy(nn.Module):
 
     def __init__(
         self,
-        env: str | Callable[[], Any],
+        env: str | Callable[[], Any] | Environment,
         policy: nn.Module,
         *,
         max_steps: int | None = None,

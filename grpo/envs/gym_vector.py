@@ -1,0 +1,96 @@
+"""`GymVectorEnvironment`: a gymnasium vector env as an `grpo.envs.Environment`.
+
+Observations come back as float32 tensors ``(num_envs, obs_dim)`` (flattened), rewards as float32
+``(num_envs,)``. Actions go in as the policy sampled them: ints for a ``Discrete`` space, floats
+clipped to a ``Box`` space's bounds (the env sees the clipped action; the policy trains the
+sampled one). A start is an int seed (``reset(seed=...)``) or, for a ``SyncVectorEnv`` (whose
+sub-envs live in this process), a `grpo.gym.snapshots.Snapshot`: the sub-env is reset, then the
+snapshot restored. gymnasium is imported lazily (the ``gym`` extra).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from grpo.envs.protocol import Transition
+
+__all__ = ["GymVectorEnvironment", "as_environment"]
+
+
+class GymVectorEnvironment:
+    """An `Environment` (and `SupportsSnapshots`) over a gymnasium ``VectorEnv``.
+
+    Args:
+        envs: the vector env (``gymnasium.make_vec``, ``SyncVectorEnv``, ``AsyncVectorEnv``);
+            its action space must be ``Discrete`` or ``Box``.
+    """
+
+    def __init__(self, envs: Any) -> None:
+        import gymnasium
+
+        space = envs.single_action_space
+        self.discrete = isinstance(space, gymnasium.spaces.Discrete)
+        if not self.discrete and not isinstance(space, gymnasium.spaces.Box):
+            raise TypeError(
+                f"EpisodePolicy supports Discrete and Box action spaces; the env has {space}. "
+                f"Wrap the env (e.g. gymnasium.wrappers.FlattenObservation / a custom ActionWrapper)."
+            )
+        self.envs = envs
+        self.num_envs = int(envs.num_envs)
+        self._space = space
+        self._local = isinstance(envs, gymnasium.vector.SyncVectorEnv)
+
+    def reset(self, starts: Sequence[Any]) -> Tensor:
+        """Sub-env i from ``starts[i]``: an int seed, or a `Snapshot` (``SyncVectorEnv`` only)."""
+        from grpo.gym.snapshots import Snapshot, restore
+
+        if len(starts) != self.num_envs:
+            raise ValueError(f"reset got {len(starts)} starts for a vector env of {self.num_envs} sub-envs.")
+        snaps = {i: s for i, s in enumerate(starts) if isinstance(s, Snapshot)}
+        if snaps and not self._local:
+            raise TypeError(
+                f"{type(self.envs).__name__}: a snapshot start restores the sub-env in this process, so it "
+                f"needs a gymnasium.vector.SyncVectorEnv (vectorization_mode='sync')."
+            )
+        seeds = [0 if i in snaps else int(s) for i, s in enumerate(starts)]
+        obs, _ = self.envs.reset(seed=seeds)
+        obs = np.asarray(obs, dtype=np.float32).reshape(self.num_envs, -1)
+        for i, snap in snaps.items():
+            obs[i] = np.asarray(restore(self.envs.envs[i], snap), dtype=np.float32).reshape(-1)
+        return torch.from_numpy(obs)
+
+    def step(self, actions: Tensor) -> Transition:
+        a = actions.cpu().numpy()
+        env_a = a.astype(np.int64) if self.discrete else np.clip(a, self._space.low, self._space.high)
+        obs, rew, term, trunc, _ = self.envs.step(env_a)
+        return Transition(
+            torch.from_numpy(np.asarray(obs, dtype=np.float32).reshape(self.num_envs, -1)),
+            torch.from_numpy(np.asarray(rew, dtype=np.float32)),
+            torch.from_numpy(np.asarray(term, dtype=bool)),
+            torch.from_numpy(np.asarray(trunc, dtype=bool)),
+        )
+
+    def snapshot(self, index: int, observation: Tensor | None = None) -> Any:
+        """A `grpo.gym.snapshots.Snapshot` of sub-env ``index`` (``SyncVectorEnv`` only)."""
+        from grpo.gym.snapshots import snapshot
+
+        if not self._local:
+            raise TypeError(f"{type(self.envs).__name__}: snapshots need a gymnasium.vector.SyncVectorEnv.")
+        obs = None if observation is None else observation.cpu().numpy()
+        return snapshot(self.envs.envs[index], observation=obs)
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+def as_environment(envs: Any) -> Any:
+    """``envs`` as an `Environment`: a gymnasium ``VectorEnv`` is wrapped in `GymVectorEnvironment`,
+    anything else is taken as an `Environment` already."""
+    import gymnasium
+
+    return GymVectorEnvironment(envs) if isinstance(envs, gymnasium.vector.VectorEnv) else envs
