@@ -59,7 +59,7 @@ def evaluate(policy_fn: Any, env_id: str) -> float:
     return float(np.mean(total))
 
 
-def grpo_row(env_id: str, row: str, seed: int, budget: int) -> dict[str, Any]:
+def grpo_row(env_id: str, row: str, seed: int, budget: int, overrides: dict[str, Any]) -> dict[str, Any]:
     import gymnasium as gym
 
     from grpo import GRPOConfig, GRPOTrainer, gaussian_mlp
@@ -93,7 +93,7 @@ def grpo_row(env_id: str, row: str, seed: int, budget: int) -> dict[str, Any]:
             assert trunk is not None
             return trunk.sample(b)
 
-    config = GRPOConfig.recipe("small_policy", group_size=g, batch_size=b, seed=seed)
+    config = GRPOConfig.recipe("small_policy", group_size=g, batch_size=b, seed=seed, **overrides)
     trainer = GRPOTrainer(config, policy, EpisodeRewards())
     t0 = time.perf_counter()
     updates = 0
@@ -137,20 +137,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--rows", nargs="+", default=["episodes", "branch-H64-G4"])
     p.add_argument("--json", type=Path, help="append the results (JSON lines) here")
+    p.add_argument(
+        "--set", nargs="*", default=[], metavar="FIELD=JSON", help="GRPOConfig overrides (grpo rows)"
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
+    overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
     for seed in args.seeds:
         for row in args.rows:
-            res = (
-                ppo_row(args.env, seed, args.budget)
-                if row == "ppo"
-                else grpo_row(args.env, row, seed, args.budget)
-            )
-            res |= {"env": args.env, "row": row, "seed": seed, "budget": args.budget}
+            if row == "ppo":
+                res = ppo_row(args.env, seed, args.budget)
+            else:
+                res = grpo_row(args.env, row, seed, args.budget, overrides)
+            res |= {"env": args.env, "row": row, "seed": seed, "budget": args.budget, "set": args.set}
+            shown = f"{args.env:16s} {row:16s} {' '.join(args.set):24s} seed {seed}"
             sys.stdout.write(
-                f"{args.env:16s} {row:16s} seed {seed}  return {res['return']:9.1f}  env steps "
-                f"{res['env_steps']:8d}  updates {res['updates']}  wall {res['wall_s']:7.1f} s\n"
+                f"{shown}  return {res['return']:9.1f}  env steps {res['env_steps']:8d}  "
+                f"updates {res['updates']}  wall {res['wall_s']:7.1f} s\n"
             )
             sys.stdout.flush()
             if args.json:
