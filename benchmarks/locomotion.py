@@ -8,6 +8,8 @@ on seeds 1_000_000.. (the same for every row; evaluation steps are not counted).
   ``GRPOConfig.recipe("small_policy", group_size=4, batch_size=4)``, B=4 whole episodes x G=4;
 * ``branch-H<h>-G<g>``: `grpo.gym.branching` with horizon H and group size G, B=8 snapshots per
   update, one every ``H`` trunk steps, the same preset;
+* ``...-seg``: the same with ``EpisodeReturn(gamma)``: one discounted return per episode or
+  branch, every step of it credited alike (segment credit) instead of per-step returns-to-go;
 * ``ppo``: stable-baselines3 ``PPO("MlpPolicy", env, seed=seed, device="cpu")`` with its
   defaults (run with an interpreter that has stable-baselines3; never a grpo dependency).
 
@@ -64,7 +66,7 @@ def grpo_row(env_id: str, row: str, seed: int, budget: int, overrides: dict[str,
 
     from grpo import GRPOConfig, GRPOTrainer, gaussian_mlp
     from grpo.gym.branching import BranchPoints, branching_policy
-    from grpo.gym.episodes import EpisodePolicy, EpisodeRewards
+    from grpo.gym.episodes import EpisodePolicy, EpisodeReturn, EpisodeRewards
     from grpo.gym.snapshots import SnapshotStore
 
     torch.manual_seed(seed)
@@ -74,14 +76,14 @@ def grpo_row(env_id: str, row: str, seed: int, budget: int, overrides: dict[str,
     net = gaussian_mlp(obs_dim, act_dim)
     rng = np.random.default_rng(seed)
     trunk = None
-    if row == "episodes":
+    if row.startswith("episodes"):
         b, g = 4, 4
         policy = EpisodePolicy(env_id, net)
 
         def states() -> list[int]:
             return rng.integers(0, 2**31, size=b).tolist()
     else:
-        m = re.fullmatch(r"branch-H(\d+)-G(\d+)", row)
+        m = re.fullmatch(r"branch-H(\d+)-G(\d+)(?:-seg)?", row)
         if m is None:
             raise ValueError(f"unknown row {row!r}")
         horizon, g, b = int(m.group(1)), int(m.group(2)), 8
@@ -94,7 +96,9 @@ def grpo_row(env_id: str, row: str, seed: int, budget: int, overrides: dict[str,
             return trunk.sample(b)
 
     config = GRPOConfig.recipe("small_policy", group_size=g, batch_size=b, seed=seed, **overrides)
-    trainer = GRPOTrainer(config, policy, EpisodeRewards())
+    # "-seg": one return per episode / branch (segment credit), else per-step returns-to-go
+    reward = EpisodeReturn(gamma=config.gamma) if row.endswith("-seg") else EpisodeRewards()
+    trainer = GRPOTrainer(config, policy, reward)
     t0 = time.perf_counter()
     updates = 0
 

@@ -135,3 +135,18 @@ def test_notebook_runs_and_tracks_the_oracle(tmp_path: Path, monkeypatch: pytest
     assert summary["rounds"] == 450
     assert summary["last_phase_reward_over_oracle"] >= 0.8, summary
     assert set(summary["sweep_final_regret"]) == {"2", "4", "8", "16"}
+
+
+def test_locomotion_script_tiny_budget(tmp_path: Path) -> None:
+    """examples/locomotion.py on MuJoCo's InvertedDoublePendulum with a tiny budget: every env step
+    is counted (trunk + branches = the total, at least the budget) and the evaluation prints."""
+    pytest.importorskip("mujoco")
+    out = run(EXAMPLES / "locomotion.py", "--budget", "1500", tmp_path=tmp_path)
+    m = re.search(
+        r"InvertedDoublePendulum-v5: (\d+) env steps \(trunk (\d+), branches (\d+)\) .* return (-?[\d.]+)",
+        out,
+    )
+    assert m is not None, out
+    total, trunk, branches = (int(m.group(i)) for i in (1, 2, 3))
+    assert total == trunk + branches >= 1500
+    assert trunk > 0
