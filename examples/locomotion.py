@@ -66,13 +66,13 @@ def train(env_id: str, budget: int, *, seed: int = 0, horizon: int = 64, group_s
 
 
 def main(argv: Sequence[str] | None = None) -> float:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--env", default="InvertedDoublePendulum-v5")
-    p.add_argument("--budget", type=int, default=200_000, help="env steps, trunk and branches")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--horizon", type=int, default=64, help="H: steps per branch (and trunk steps per snapshot)"
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
+    p.add_argument("--env", default="InvertedDoublePendulum-v5", help="a gymnasium env id (Box actions)")
+    p.add_argument("--budget", type=int, default=200_000, help="env steps, trunk and branches")
+    p.add_argument("--seed", type=int, default=0, help="seeds the policy, the trainer and the trunk")
+    p.add_argument("--horizon", type=int, default=64, help="H: steps per branch and per snapshot")
     p.add_argument("--group-size", type=int, default=4, help="G: branches per snapshot")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
