@@ -4,8 +4,9 @@ Every row trains for the same budget of env steps, every env step counted (trunk
 included for branching), then the deterministic policy's mean return over 10 evaluation episodes
 on seeds 1_000_000.. (the same for every row; evaluation steps are not counted). Rows:
 
-* ``episodes``: what docs/gym_episodes.md recommends: ``gaussian_mlp``, ``EpisodeRewards()``,
-  ``GRPOConfig.recipe("small_policy", group_size=4, batch_size=4)``, B=4 whole episodes x G=4;
+* ``episodes`` (``episodes-B<b>-G<g>``: other sizes): what docs/gym_episodes.md recommends:
+  ``gaussian_mlp``, ``EpisodeRewards()``, ``GRPOConfig.recipe("small_policy", group_size=4,
+  batch_size=4)``, B=4 whole episodes x G=4;
 * ``branch-H<h>-G<g>``: `grpo.gym.branching` with horizon H and group size G, B=8 snapshots per
   update, one every ``H`` trunk steps, the same preset;
 * ``...-seg``: the same with ``EpisodeReturn(gamma)``: one discounted return per episode or
@@ -77,7 +78,10 @@ def grpo_row(env_id: str, row: str, seed: int, budget: int, overrides: dict[str,
     rng = np.random.default_rng(seed)
     trunk = None
     if row.startswith("episodes"):
-        b, g = 4, 4
+        m = re.fullmatch(r"episodes(?:-B(\d+)-G(\d+))?(?:-seg)?", row)
+        if m is None:
+            raise ValueError(f"unknown row {row!r}")
+        b, g = (int(m.group(1)), int(m.group(2))) if m.group(1) else (4, 4)
         policy = EpisodePolicy(env_id, net)
 
         def states() -> list[int]:
