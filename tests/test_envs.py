@@ -13,9 +13,9 @@ gym = pytest.importorskip("gymnasium")
 
 from grpo import GRPOConfig, GRPOTrainer, categorical_mlp, gaussian_mlp  # noqa: E402
 from grpo.envs import Environment, SupportsSnapshots  # noqa: E402
-from grpo.envs.gym_vector import GymVectorEnvironment  # noqa: E402
 from grpo.envs.pendulum import TensorPendulum  # noqa: E402
 from grpo.gym.episodes import EpisodePolicy, EpisodeRewards, run_episodes  # noqa: E402
+from grpo.gym.vector_env import GymVectorEnvironment  # noqa: E402
 
 
 def test_both_environments_satisfy_the_protocol() -> None:

@@ -1,6 +1,8 @@
 """Gymnasium environments as GRPO tasks (the ``gym`` extra; gymnasium is imported lazily).
 
 * `grpo.gym.episodes`: whole episodes as actions (`EpisodePolicy`, `EpisodeRewards`, `run_episodes`)
+* `grpo.gym.vector_env`: any gymnasium vector env as an `grpo.envs.Environment`
+* `grpo.gym.gymnasium_lib`: gymnasium imported when first needed
 * `grpo.gym.resets`: which tool when ``env.reset(seed=s)`` cannot give a group one start state
 * `grpo.gym.snapshots`: groups from saved and restored simulator states
 * `grpo.gym.branching`: groups of short continuations from states along the policy's trajectories

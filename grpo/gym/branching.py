@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpo.gym.episodes import EpisodePolicy, import_gymnasium
+from grpo.gym.episodes import EpisodePolicy
+from grpo.gym.gymnasium_lib import import_gymnasium
 from grpo.gym.snapshots import SnapshotMethod, SnapshotReset, SnapshotStore
 
 __all__ = ["BranchPoints", "branching_policy"]

@@ -62,12 +62,12 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Distribution
 
-from grpo.envs.gym_vector import as_environment
 from grpo.envs.protocol import Environment
+from grpo.gym.gymnasium_lib import import_gymnasium
+from grpo.gym.vector_env import as_environment
 from grpo.policies import DistributionPolicy
 from grpo.policy_base import EntropyRequest, PolicyOutput, entropy_grad_mode
 from grpo.reward_model_base import StatelessReward
-from grpo.runtime.extras import install_hint
 
 __all__ = [
     "Episode",
@@ -78,17 +78,6 @@ __all__ = [
     "evaluate_episodes",
     "run_episodes",
 ]
-
-
-def import_gymnasium() -> Any:
-    try:
-        import gymnasium
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "grpo.gym.episodes needs gymnasium, which is not installed. Install the extra: "
-            f"{install_hint('gym')}"
-        ) from e
-    return gymnasium
 
 
 @dataclass(frozen=True)
@@ -332,7 +321,7 @@ def run_episodes(
 ) -> list[Episode]:
     """Play ``len(seeds)`` episodes at once in ``envs``: an `grpo.envs.Environment` with that
     many sub-environments, or a gymnasium vector env (wrapped in
-    `grpo.envs.gym_vector.GymVectorEnvironment`).
+    `grpo.gym.vector_env.GymVectorEnvironment`).
 
     Sub-env i starts from ``seeds[i]`` (an int seed, or any start state the environment takes).
     At each step one forward of ``policy`` on the (n, obs_dim) observations gives the actions

@@ -49,7 +49,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from grpo.gym.episodes import import_gymnasium
+from grpo.gym.gymnasium_lib import import_gymnasium
 
 __all__ = [
     "Snapshot",

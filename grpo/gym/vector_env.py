@@ -18,6 +18,9 @@ import torch
 from torch import Tensor
 
 from grpo.envs.protocol import Transition
+from grpo.gym.gymnasium_lib import import_gymnasium
+from grpo.gym.snapshots import Snapshot, restore
+from grpo.gym.snapshots import snapshot as take_snapshot
 
 __all__ = ["GymVectorEnvironment", "as_environment"]
 
@@ -31,8 +34,7 @@ class GymVectorEnvironment:
     """
 
     def __init__(self, envs: Any) -> None:
-        import gymnasium
-
+        gymnasium = import_gymnasium()
         space = envs.single_action_space
         self.discrete = isinstance(space, gymnasium.spaces.Discrete)
         if not self.discrete and not isinstance(space, gymnasium.spaces.Box):
@@ -47,8 +49,6 @@ class GymVectorEnvironment:
 
     def reset(self, starts: Sequence[Any]) -> Tensor:
         """Sub-env i from ``starts[i]``: an int seed, or a `Snapshot` (``SyncVectorEnv`` only)."""
-        from grpo.gym.snapshots import Snapshot, restore
-
         if len(starts) != self.num_envs:
             raise ValueError(f"reset got {len(starts)} starts for a vector env of {self.num_envs} sub-envs.")
         snaps = {i: s for i, s in enumerate(starts) if isinstance(s, Snapshot)}
@@ -77,12 +77,10 @@ class GymVectorEnvironment:
 
     def snapshot(self, index: int, observation: Tensor | None = None) -> Any:
         """A `grpo.gym.snapshots.Snapshot` of sub-env ``index`` (``SyncVectorEnv`` only)."""
-        from grpo.gym.snapshots import snapshot
-
         if not self._local:
             raise TypeError(f"{type(self.envs).__name__}: snapshots need a gymnasium.vector.SyncVectorEnv.")
         obs = None if observation is None else observation.cpu().numpy()
-        return snapshot(self.envs.envs[index], observation=obs)
+        return take_snapshot(self.envs.envs[index], observation=obs)
 
     def close(self) -> None:
         self.envs.close()
@@ -91,6 +89,4 @@ class GymVectorEnvironment:
 def as_environment(envs: Any) -> Any:
     """``envs`` as an `Environment`: a gymnasium ``VectorEnv`` is wrapped in `GymVectorEnvironment`,
     anything else is taken as an `Environment` already."""
-    import gymnasium
-
-    return GymVectorEnvironment(envs) if isinstance(envs, gymnasium.vector.VectorEnv) else envs
+    return GymVectorEnvironment(envs) if isinstance(envs, import_gymnasium().vector.VectorEnv) else envs
