@@ -273,7 +273,7 @@ class ExperienceCollector:
 
     def collect(self, states: Any, **generate_kwargs: Any) -> ExperienceBatch:
         """Sample G actions per state, score them, and record old/ref log-probs (no gradient)."""
-        return self.collect_for_update(states, generate_kwargs)
+        return self.collect_for_update(self.checked_states(states), generate_kwargs)
 
     def checked_states(self, states: Any) -> Any:
         """``states`` as the collector takes them (a Tensor moved to the device), or a clear error."""
@@ -334,11 +334,12 @@ class ExperienceCollector:
     def collect_for_update(
         self, states: Any, generate_kwargs: dict[str, Any], *, record_old: bool | None = None
     ) -> ExperienceBatch:
-        """`collect`, recording ``old_log_probs`` (and so the mask) only when ``record_old``: the
-        update needs them before its forwards (`grpo.update.plan.UpdateDecisions`, decided by the
-        trainer once per step); None = ``record_old_log_probs``. Otherwise they come from the
-        update's first forwards, saving a policy forward."""
-        states = self.checked_states(states)
+        """`collect` of ``states`` as `checked_states` returns them (the trainer checks them once,
+        before it decides the update's plan), recording ``old_log_probs`` (and so the mask) only
+        when ``record_old``: the update needs them before its forwards
+        (`grpo.update.plan.UpdateDecisions`, decided by the trainer once per step); None =
+        ``record_old_log_probs``. Otherwise they come from the update's first forwards, saving a
+        policy forward."""
         record = self.record_old_log_probs if record_old is None else record_old
         with torch.no_grad():
             t0 = time.perf_counter()
