@@ -55,7 +55,7 @@ from grpo.training.callbacks import Callback, EarlyStopping
 from grpo.training.loop import TrainState
 from grpo.training.stall_watch import StallWarning, StallWatch
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "RECIPES",
