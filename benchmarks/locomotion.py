@@ -11,6 +11,11 @@ on seeds 1_000_000.. (the same for every row; evaluation steps are not counted).
   update, one every ``H`` trunk steps, the same preset;
 * ``...-seg``: the same with ``EpisodeReturn(gamma)``: one discounted return per episode or
   branch, every step of it credited alike (segment credit) instead of per-step returns-to-go;
+* ``value`` (``value-B<b>-G<g>``): a reference only, not a grpo recipe: whole episodes as in
+  ``episodes`` with a learned state-value baseline (a 64x64 MLP fit to the Monte Carlo
+  returns-to-go of each batch, 10 Adam epochs): the per-step rewards are reshaped as
+  ``r'_t = r_t + gamma V(s_{t+1}) - V(s_t)`` (``V = 0`` after the last step), whose
+  return-to-go telescopes to ``G_t - V(s_t)``, then group-normalised per step as usual;
 * ``ppo``: stable-baselines3 ``PPO("MlpPolicy", env, seed=seed, device="cpu")`` with its
   defaults (run with an interpreter that has stable-baselines3; never a grpo dependency).
 
@@ -40,6 +45,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from grpo.reward_model_base import StatelessReward  # noqa: E402
+
 EVAL_SEEDS = range(1_000_000, 1_000_010)
 logger = logging.getLogger("locomotion")
 
@@ -62,6 +69,54 @@ def evaluate(policy_fn: Any, env_id: str) -> float:
     return float(np.mean(total))
 
 
+class ValueBaseline(StatelessReward):
+    """Reward model of the ``value`` row: per-step rewards minus a learned V(s) baseline.
+
+    ``compute_rewards(states, episodes) -> (N, T)`` returns ``r_t + gamma V(s_{t+1}) - V(s_t)``
+    (V detached; 0 after the end, so an episode's return-to-go is ``G_t - V(s_t)``), then fits V
+    to this batch's Monte Carlo returns-to-go ``G_t`` (so the baseline used is the previous one).
+    """
+
+    def __init__(self, obs_dim: int, gamma: float, seed: int) -> None:
+        from grpo.algorithms.advantages import discounted_returns
+
+        torch.manual_seed(seed + 10_000)
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(obs_dim, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
+            torch.nn.Linear(64, 1),
+        )
+        self.opt = torch.optim.Adam(self.net.parameters(), lr=1e-3)
+        self.gamma = gamma
+        self.returns_to_go = discounted_returns
+        self.scale = torch.tensor(1.0)  # V(s) = net(s) * scale (the net fits G / scale)
+
+    def compute_rewards(self, states: Any, actions: Any) -> torch.Tensor:
+        from grpo.gym.episodes import stack_episodes
+
+        obs, _, rew, mask = stack_episodes(actions, "ValueBaseline")
+        rew = rew * mask
+        with torch.no_grad():
+            v = self.net(obs).squeeze(-1) * self.scale * mask
+        v_next = torch.cat([v[:, 1:], torch.zeros_like(v[:, :1])], dim=1)
+        shaped = (rew + self.gamma * v_next - v) * mask
+        self._fit(obs[mask], self.returns_to_go(rew, mask, self.gamma)[mask])
+        return shaped
+
+    def _fit(self, obs: torch.Tensor, target: torch.Tensor) -> None:
+        scale = target.abs().mean().clamp(min=1.0)  # fit G / scale: one lr for every task
+        with torch.enable_grad():  # rewards are computed under no_grad
+            self._fit_scaled(obs, target / scale)
+        self.scale = scale
+
+    def _fit_scaled(self, obs: torch.Tensor, target: torch.Tensor) -> None:
+        for _ in range(10):
+            for idx in torch.randperm(obs.shape[0]).split(256):
+                loss = ((self.net(obs[idx]).squeeze(-1) - target[idx]) ** 2).mean()
+                self.opt.zero_grad()
+                loss.backward()
+                self.opt.step()
+
+
 def grpo_row(env_id: str, row: str, seed: int, budget: int, overrides: dict[str, Any]) -> dict[str, Any]:
     import gymnasium as gym
 
@@ -77,8 +132,8 @@ def grpo_row(env_id: str, row: str, seed: int, budget: int, overrides: dict[str,
     net = gaussian_mlp(obs_dim, act_dim)
     rng = np.random.default_rng(seed)
     trunk = None
-    if row.startswith("episodes"):
-        m = re.fullmatch(r"episodes(?:-B(\d+)-G(\d+))?(?:-seg)?", row)
+    if row.startswith(("episodes", "value")):
+        m = re.fullmatch(r"(?:episodes|value)(?:-B(\d+)-G(\d+))?(?:-seg)?", row)
         if m is None:
             raise ValueError(f"unknown row {row!r}")
         b, g = (int(m.group(1)), int(m.group(2))) if m.group(1) else (4, 4)
@@ -101,7 +156,9 @@ def grpo_row(env_id: str, row: str, seed: int, budget: int, overrides: dict[str,
 
     config = GRPOConfig.recipe("small_policy", group_size=g, batch_size=b, seed=seed, **overrides)
     # "-seg": one return per episode / branch (segment credit), else per-step returns-to-go
-    reward = EpisodeReturn(gamma=config.gamma) if row.endswith("-seg") else EpisodeRewards()
+    reward: Any = EpisodeReturn(gamma=config.gamma) if row.endswith("-seg") else EpisodeRewards()
+    if row.startswith("value"):
+        reward = ValueBaseline(obs_dim, config.gamma, seed)
     trainer = GRPOTrainer(config, policy, reward)
     t0 = time.perf_counter()
     updates = 0
