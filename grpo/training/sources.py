@@ -6,17 +6,23 @@ What ``states_source`` may be:
 * a list / sequence of states or a Tensor ``(n, ...)``: cycled in ``config.batch_size`` chunks,
   wrapping around; chunk ``k`` holds items ``k*B ... k*B + B - 1`` (mod n), where ``k`` is the
   trainer's step count, so a resumed run draws the same states as an uninterrupted one;
+* a map-style dataset of states that is not a Python sequence: a ``datasets.Dataset`` (each row a
+  record, a dict of its columns) or a map-style ``torch.utils.data.Dataset`` (each item a state):
+  a sequence of its items (`state_sequence`), cycled as a list. For a seeded new order each pass,
+  pass ``grpo.llm.PromptDataset(ds).shuffled(seed, epochs=E)`` (a sequence too);
 * a callable: called once per step as ``source(batch_size)`` if it takes an argument, else
   ``source()``; it returns one batch of states;
 * an iterable (e.g. a ``torch.utils.data.DataLoader``): each item is one batch, passed to
   ``step`` as is; restarted when exhausted (a new epoch). An *iterator* (a generator, ``iter(x)``)
-  is used once: training stops when it runs out.
+  is used once: training stops when it runs out. An item that is a mapping (a record of a
+  ``datasets.IterableDataset``, a DataLoader's default collation of records) is refused with the
+  fix: batch the records as lists, ``DataLoader(ds, batch_size=B, collate_fn=list)``.
 
 Resuming (``resume_from=``, or a second ``train`` call on the same trainer): batch ``k`` of the
 source is the one fed at step ``k`` (steps counted from the trainer's first step), and a resumed
 run feeds exactly the batches the uninterrupted run feeds when the source can be replayed:
 
-* a list / Tensor: always (chunk ``k`` is a function of ``k``);
+* a list / Tensor / map-style dataset: always (chunk ``k`` is a function of ``k``);
 * a source with ``state_dict()`` / ``load_state_dict()`` (e.g. torchdata's
   ``StatefulDataLoader``) registered with ``trainer.register_checkpoint_state(name, source)``
   before ``train``: its own state, saved in the trainer's checkpoint, says where it is; ``train``
@@ -46,15 +52,16 @@ import inspect
 import itertools
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, overload
 
 import torch
 from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
+from torch.utils.data import Dataset as TorchDataset
 
 from grpo.training.rng import forked_rng
 
-__all__ = ["describe_source", "iter_state_batches", "num_states", "resume_problem"]
+__all__ = ["describe_source", "iter_state_batches", "num_states", "resume_problem", "state_sequence"]
 
 
 def num_states(states: Any) -> int | None:
@@ -65,6 +72,51 @@ def num_states(states: Any) -> int | None:
     if isinstance(states, Sequence) and not isinstance(states, (str, bytes)):
         return len(states)
     return None
+
+
+def _is_map_dataset(source: Any) -> bool:
+    """A map-style dataset that is not a Python sequence: a ``datasets.Dataset`` (it has a list
+    ``column_names``) or a map-style torch ``Dataset``, with ``__len__`` and ``__getitem__``."""
+    if isinstance(source, (Sequence, Tensor, Mapping, DataLoader)):
+        return False
+    if not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
+        return False
+    if isinstance(source, TorchDataset):
+        return not isinstance(source, IterableDataset)
+    return isinstance(getattr(source, "column_names", None), list)
+
+
+class _ItemView(Sequence[Any]):
+    """The items ``dataset[0] ... dataset[n-1]`` of a map-style dataset, as a sequence (nothing
+    copied; index i reads ``dataset[i mod n]``, a slice gives a list)."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    @overload
+    def __getitem__(self, i: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Any]: ...
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return [self.dataset[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"index {i} out of range for {type(self.dataset).__name__} of {n} items.")
+        return self.dataset[i % n]
+
+
+def state_sequence(source: Any) -> Any:
+    """``source`` as a sequence of states when it is a map-style dataset that is not a Python
+    sequence (a ``datasets.Dataset``, whose rows are dicts; a map-style torch ``Dataset``); any
+    other source as it is. `iter_state_batches` cycles the sequence like a list, and ``train``
+    shards it under torchrun like a list."""
+    return _ItemView(source) if _is_map_dataset(source) else source
 
 
 def _wants_argument(fn: Callable[..., Any]) -> bool:
@@ -83,6 +135,8 @@ def describe_source(source: Any) -> str:
     """A short human description of a states source (for the run summary)."""
     if isinstance(source, Tensor):
         return f"Tensor {tuple(source.shape)} (cycled)"
+    if _is_map_dataset(source):
+        return f"{type(source).__name__} of {len(source)} states (cycled)"
     if isinstance(source, Sequence) and not isinstance(source, (str, bytes)):
         return f"{type(source).__name__} of {len(source)} states (cycled)"
     if isinstance(source, Iterator):
@@ -110,10 +164,8 @@ def iter_state_batches(
             ``load_state_dict`` registered with ``register_checkpoint_state``): iterate it as is.
     """
     if isinstance(source, (str, bytes, Mapping)):
-        raise TypeError(
-            f"states_source is a {type(source).__name__}; expected a list of states, a Tensor "
-            f"(n, ...), an iterable of batches (e.g. a DataLoader) or a callable returning a batch."
-        )
+        raise TypeError(_refused_source(source))
+    source = state_sequence(source)
     if isinstance(source, Tensor):
         n = int(source.shape[0]) if source.dim() > 0 else 0
         if n == 0:
@@ -124,19 +176,50 @@ def iter_state_batches(
             raise ValueError("states_source is an empty sequence; give at least one state.")
         return _cycle_sequence(source, batch_size, start)
     if isinstance(source, Iterator):
-        return source
+        return _no_records(source, source)
     if isinstance(source, Iterable):
         if own_state:
-            return _repeat_iterable(source)
+            return _no_records(_repeat_iterable(source), source)
         if isinstance(source, DataLoader) and not isinstance(source.dataset, IterableDataset):
-            return _replay_loader(source, start)
-        return _skip_batches(_repeat_iterable(source), start)
+            return _no_records(_replay_loader(source, start), source)
+        return _skip_batches(_no_records(_repeat_iterable(source), source), start)
     if callable(source):
         return _call_source(source, batch_size)
     raise TypeError(
         f"states_source of type {type(source).__name__} is not supported; expected a list of "
         f"states, a Tensor (n, ...), an iterable of batches (e.g. a DataLoader) or a callable."
     )
+
+
+def _refused_source(source: str | bytes | Mapping[Any, Any]) -> str:
+    """Why a string or a mapping is no states source, and what to pass instead."""
+    name = type(source).__name__
+    if isinstance(source, Mapping) and name.endswith("DatasetDict"):
+        return (
+            f"states_source is a {name} of the splits {sorted(source)}; pass one split, e.g. "
+            f"train(ds[{next(iter(sorted(source)), 'train')!r}], ...)."
+        )
+    return (
+        f"states_source is a {name}; expected a list of states, a Tensor (n, ...), a map-style "
+        f"dataset (datasets.Dataset), an iterable of batches (e.g. a DataLoader) or a callable "
+        f"returning a batch."
+    )
+
+
+def _no_records(batches: Iterator[Any], source: Any) -> Iterator[Any]:
+    """``batches``, refusing an item that is a mapping: an iterable source yields batches, and a
+    mapping is one record (or a DataLoader's dict of columns), never a batch of states."""
+    for batch in batches:
+        if isinstance(batch, Mapping):
+            raise TypeError(
+                f"states_source ({type(source).__name__}) yielded a {type(batch).__name__} with keys "
+                f"{sorted(batch)[:8]}, but each item of an iterable source must be one batch of "
+                f"states (a list or a Tensor (B, ...)). For a stream of records (a "
+                f"datasets.IterableDataset) or a DataLoader over records, batch them as lists: "
+                f"DataLoader(ds, batch_size=B, collate_fn=list); a datasets.Dataset can be passed "
+                f"itself."
+            )
+        yield batch
 
 
 def _call_source(source: Callable[..., Any], batch_size: int) -> Iterator[Any]:
@@ -260,7 +343,7 @@ _REGISTER = (
 def resume_problem(source: Any, *, registered: bool = False) -> str | None:
     """Why a resumed `train` would not feed the batches an uninterrupted run feeds, and the fix;
     None when it would (see the module docstring)."""
-    if registered or isinstance(source, (Tensor, str, bytes, Mapping)):
+    if registered or isinstance(source, (Tensor, str, bytes, Mapping)) or _is_map_dataset(source):
         return None
     if isinstance(source, Sequence):
         return None
