@@ -28,10 +28,10 @@ from grpo.engine.distributed import DISTRIBUTED_MODES, DistributedMode
 from grpo.engine.lr_schedules import LR_SCHEDULES, LRScheduleName
 from grpo.runtime.threads import SMALL_POLICY_ELEMENTS, NumThreads
 
-KLPenalty = Literal["loss", "reward"]
-KL_PENALTIES: tuple[str, ...] = ("loss", "reward")
+KLPenalty = Literal["loss", "reward", "advantage"]
+KL_PENALTIES: tuple[str, ...] = ("loss", "reward", "advantage")
 
-__all__ = ["GRPOConfig"]
+__all__ = ["SEED_KEYWORDS", "GRPOConfig", "translate_seed_keywords"]
 
 NonFinitePolicy = Literal["skip", "raise"]
 NON_FINITE_POLICIES: tuple[str, ...] = ("skip", "raise")
@@ -105,9 +105,47 @@ _ALIASES: dict[str, str] = {
 }
 
 
+# Seed 001's (AgileRL's) names of two knobs GRPOConfig holds under another name: accepted as
+# keywords of GRPOConfig(...) and GRPOConfig.recipe(...) and translated, so that each knob has one
+# field (one command-line flag). name -> {seed value: (field, value)}.
+SEED_KEYWORDS: dict[str, dict[Any, tuple[str, Any]]] = {
+    "adv_norm": {"mean_std": ("advantage_scale", "group"), "mean_only": ("advantage_scale", "none")},
+    "use_kl_advantage_shaping": {True: ("kl_penalty", "advantage"), False: ("kl_penalty", None)},
+}
+
+
+def translate_seed_keywords(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with seed 001's names replaced by the fields they set:
+    ``adv_norm="mean_std"`` -> ``advantage_scale="group"`` (A = (r - mean) / (std + eps)),
+    ``adv_norm="mean_only"`` -> ``advantage_scale="none"`` (A = r - mean, centred only),
+    ``use_kl_advantage_shaping=True`` -> ``kl_penalty="advantage"`` (False changes nothing).
+    ValueError for another value, or when the field is given too with a different value."""
+    out = {k: v for k, v in kwargs.items() if k not in SEED_KEYWORDS}
+    for name in SEED_KEYWORDS.keys() & kwargs.keys():
+        value, choices = kwargs[name], SEED_KEYWORDS[name]
+        if isinstance(value, bool) != isinstance(next(iter(choices)), bool) or value not in choices:
+            raise ValueError(f"GRPOConfig: {name}={value!r} is not allowed: choose one of {list(choices)}.")
+        field_name, mapped = choices[value]
+        if mapped is None:
+            continue
+        if field_name in kwargs and kwargs[field_name] != mapped:
+            raise ValueError(
+                f"GRPOConfig: {name}={value!r} means {field_name}={mapped!r}, but "
+                f"{field_name}={kwargs[field_name]!r} was given too. Pass only {field_name}."
+            )
+        out[field_name] = mapped
+    return out
+
+
 def _meant(name: str, known: list[str]) -> list[str]:
     """The fields a keyword that is no field probably meant: its alias, else close spellings."""
     return [_ALIASES[name]] if name in _ALIASES else difflib.get_close_matches(name, known, n=2)
+
+
+def suggest_fields(name: str) -> list[str]:
+    """The `GRPOConfig` fields a name that is no field probably meant: the field another library
+    calls ``name`` (``beta`` -> ``kl_coeff``), else close spellings (for command-line errors)."""
+    return _meant(name, [f.name for f in dataclasses.fields(GRPOConfig)])
 
 
 def _suggestions(unknown: dict[str, Any], known: list[str]) -> str:
@@ -414,8 +452,20 @@ class GRPOConfig:
         default="loss",
         metadata=_help(
             "Where the KL to the reference enters: 'loss' (kl_coeff * KL term in the loss, "
-            "DeepSeekMath) or 'reward' (a per-step penalty kl_coeff * KL(old || ref) subtracted "
-            "from the reward before the advantage; see docs/algorithms.md)."
+            "DeepSeekMath), 'reward' (a per-step penalty kl_coeff * KL(old || ref) subtracted "
+            "from the reward before the advantage; see docs/algorithms.md) or 'advantage' "
+            "(KL-based advantage shaping, the seed's use_kl_advantage_shaping=True: each step's "
+            "advantage becomes A - kl_coeff * sg(KL_t) with the kl_estimator on the current "
+            "policy, before the policy loss clips; no KL term in the loss)."
+        ),
+    )
+    mask_truncated_completions: bool = field(
+        default=False,
+        metadata=_help(
+            "DAPO's overlong filtering: a sample whose action did not end (an LLM completion cut at "
+            "the token limit: action.truncated is True) contributes no gradient: its loss-mask row "
+            "is zeroed at collection, so it leaves the loss and the loss normaliser. Its reward "
+            "still counts in its group's advantage baseline (as in TRL and DAPO)."
         ),
     )
     loss_normaliser: float | None = field(
@@ -538,6 +588,7 @@ class GRPOConfig:
         from grpo.algorithms.recipes import recipe_values
 
         values = recipe_values(name)
+        overrides = translate_seed_keywords(overrides)
         known = [f.name for f in dataclasses.fields(cls)]
         unknown = {k: v for k, v in overrides.items() if k not in known}
         if unknown:
@@ -550,6 +601,7 @@ class GRPOConfig:
         if (  # a recipe whose adaptive rate only falls from its start: so does the caller's start
             "learning_rate" in overrides
             and "adaptive_lr_max" not in overrides
+            and "adaptive_lr_max" in values  # (a recipe without it: nothing to follow)
             and values.get("adaptive_lr_max") == values.get("learning_rate")
         ):
             values["adaptive_lr_max"] = overrides["learning_rate"]
@@ -783,7 +835,12 @@ class GRPOConfig:
         self._check_choice("reward_combination", REWARD_COMBINATIONS)
         self._check_choice("policy_loss", POLICY_LOSSES)
         self._check_choice("kl_penalty", KL_PENALTIES)
-        for name in ("whiten_advantages", "drop_zero_variance_groups", "dual_clip"):
+        for name in (
+            "whiten_advantages",
+            "drop_zero_variance_groups",
+            "dual_clip",
+            "mask_truncated_completions",
+        ):
             self._check_bool(name)
         for name in ("reward_clip", "advantage_clip", "loss_normaliser"):
             if getattr(self, name) is not None:
@@ -798,6 +855,13 @@ class GRPOConfig:
                 "constant, so it must be set",
                 " Use the generation budget, e.g. GRPOConfig(loss_normaliser=max_new_tokens) "
                 "(Dr. GRPO); never the padded length of a batch, which changes from batch to batch.",
+            )
+        if self.kl_penalty == "advantage" and self.kl_coeff == 0:
+            raise self._bad(
+                "kl_penalty",
+                "KL-based advantage shaping subtracts kl_coeff * KL from the advantages, and "
+                "kl_coeff=0 makes it a no-op (no reference policy is even built)",
+                " Set kl_coeff > 0 (e.g. 0.04), or kl_penalty='loss'.",
             )
         if self.dual_clip and self.policy_loss not in ("clip", "gspo"):
             raise self._bad(
@@ -878,7 +942,10 @@ _dataclass_init = GRPOConfig.__init__
 def _init_naming_unknown_fields(self: GRPOConfig, *args: Any, **kwargs: Any) -> None:
     """The dataclass ``__init__``; a keyword that is no field gets the field meant (``lr`` ->
     ``learning_rate``) instead of Python's bare "unexpected keyword argument". ``functools.wraps``
-    keeps ``inspect.signature(GRPOConfig)`` the dataclass's; type checkers see the dataclass too."""
+    keeps ``inspect.signature(GRPOConfig)`` the dataclass's; type checkers see the dataclass too.
+    Seed 001's names (``adv_norm``, ``use_kl_advantage_shaping``) are translated first
+    (`translate_seed_keywords`)."""
+    kwargs = translate_seed_keywords(kwargs)
     try:
         _dataclass_init(self, *args, **kwargs)
     except TypeError:

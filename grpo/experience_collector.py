@@ -45,7 +45,28 @@ __all__ = [
     "same_device",
     "select_rows",
     "to_reward_tensor",
+    "truncated_actions",
 ]
+
+
+def truncated_actions(actions: Any, device: torch.device) -> Tensor | None:
+    """(N,) bool: which of the N flat ``actions`` did not end (cut at a length limit), read from each
+    action's ``truncated`` attribute, else from ``finished`` (False = truncated: the flag the
+    ``completion/*`` metrics read, `grpo.rollout.action_stats`). An LLM `grpo.llm.Completion` has
+    both; any action type may offer either. None when the actions are a Tensor or none has either
+    attribute; an action without them among others that have them counts as ended."""
+
+    def cut(a: Any) -> bool | None:
+        if hasattr(a, "truncated"):
+            return bool(a.truncated)
+        return None if not hasattr(a, "finished") else not bool(a.finished)
+
+    if isinstance(actions, Tensor):
+        return None
+    flags = [cut(a) for a in actions]
+    if all(f is None for f in flags):
+        return None
+    return torch.tensor([bool(f) for f in flags], device=device)
 
 
 class Scored(NamedTuple):
@@ -82,6 +103,10 @@ class ExperienceCollector:
             groups holding one out of the batch (counted in ``batch.dropped_groups``).
         reward_timeout: seconds one reward call may take (None = no limit); see
             `grpo.rollout.reward_guard`.
+        mask_truncated: ``GRPOConfig.mask_truncated_completions``: the batch's ``loss_rows`` are
+            False for actions that did not end (`truncated_actions`), so they contribute no
+            gradient; their rewards still enter the advantages. This is the one place the choice
+            is made; the update zeroes those loss-mask rows (`grpo.update.loop`).
     """
 
     def __init__(
@@ -96,6 +121,7 @@ class ExperienceCollector:
         record_sampler_log_probs: bool = False,
         invalid_rewards: str = "raise",
         reward_timeout: float | None = None,
+        mask_truncated: bool = False,
     ) -> None:
         self.policy = policy
         self.reward_model = reward_model
@@ -106,6 +132,7 @@ class ExperienceCollector:
         self.record_sampler_log_probs = record_sampler_log_probs
         self.invalid_rewards = invalid_rewards
         self.reward_timeout = reward_timeout
+        self.mask_truncated = mask_truncated
         self._ids_cache: tuple[tuple[int, int, torch.device], Tensor] | None = None
 
     def _flatten_actions(self, actions: Any, num_states: int) -> tuple[Any, Tensor, int | None]:
@@ -352,6 +379,7 @@ class ExperienceCollector:
                 states=scored.states, flat_states=scored.flat_states, actions=scored.actions,
                 group_ids=scored.group_ids, group_size=g, rewards=scored.rewards,
                 reward_components=scored.components, dropped_groups=len(states) - len(scored.states),
+                loss_rows=self._loss_rows(scored.actions),
             )  # fmt: skip
             # per-step credit needs the step mask before the update: record the log-probs now
             n = int(group_ids.shape[0])
@@ -363,6 +391,22 @@ class ExperienceCollector:
                 batch = dataclasses.replace(batch, step_rewards=step, rewards=step.sum(-1))
             timings = {"generate": t1 - t0, "score": t2 - t1, "logprobs": time.perf_counter() - t2}
         return dataclasses.replace(batch, timings=timings)
+
+    def _loss_rows(self, actions: Any) -> Tensor | None:
+        """``ExperienceBatch.loss_rows``: with ``mask_truncated``, False for the actions that did
+        not end (None when every action ended, or without ``mask_truncated``)."""
+        if not self.mask_truncated:
+            return None
+        truncated = truncated_actions(actions, self.device)
+        if truncated is None:
+            kind = type(actions).__name__ if isinstance(actions, Tensor) else type(actions[0]).__name__
+            raise TypeError(
+                f"GRPOConfig(mask_truncated_completions=True) needs actions that say whether they "
+                f"ended: {method_name(self.policy, 'generate_actions')} returned {kind} actions "
+                f"without a 'truncated' (or 'finished') attribute. Give the actions a 'truncated' "
+                f"bool (True = cut at the length limit), or set mask_truncated_completions=False."
+            )
+        return ~truncated if bool(truncated.any()) else None
 
     def _generate(
         self, states: Any, generate_kwargs: dict[str, Any], record: bool

@@ -17,6 +17,8 @@ Notation (per sample i and step t; one-shot actions have T = 1):
                           the score-function estimate of grad H on the policy's own samples.
 
     per-step loss  l = l_pg + kl_coeff * l_kl - entropy_coeff * l_H
+                   (KL-based advantage shaping, ``kl_in_advantage``: l = l_pg(A') - entropy_coeff * l_H
+                   with A'_t = A - kl_coeff * sg(l_kl,t), see grpo.algorithms.kl.kl_shaped_advantages)
     loss = aggregate(l, mask, mode, Z)    Z = aggregation_normaliser over the whole optimizer step
 
 The normaliser counts the whole optimizer step, not the micro-batch, so accumulating gradients
@@ -45,7 +47,7 @@ from grpo.algorithms.aggregation import (
     normaliser_from_count,
 )
 from grpo.algorithms.fused_clip import ClipObjectiveSettings, fused_clip_objective
-from grpo.algorithms.kl import KL_ESTIMATORS, KLEstimator, KLFn, kl_estimate
+from grpo.algorithms.kl import KL_ESTIMATORS, KLEstimator, KLFn, kl_estimate, kl_shaped_advantages
 from grpo.algorithms.objective_statistics import (
     N_AGGREGATED,
     STAT_NAMES,
@@ -215,6 +217,9 @@ class GRPOObjective:
         loss_normaliser: the constant C of "seq-mean-token-sum-norm".
         loss_fn: a `PolicyLossFn` replacing the built-in policy loss.
         kl_fn: a `KLFn` replacing the built-in KL estimator.
+        kl_in_advantage: KL-based advantage shaping (``GRPOConfig.kl_penalty="advantage"``): the
+            per-step KL, detached and times ``kl_coeff``, is subtracted from the advantages
+            before the policy loss; the loss then has no KL term.
     """
 
     def __init__(
@@ -234,6 +239,7 @@ class GRPOObjective:
         loss_normaliser: float | None = None,
         loss_fn: PolicyLossFn | None = None,
         kl_fn: KLFn | None = None,
+        kl_in_advantage: bool = False,
     ) -> None:
         if policy_loss not in POLICY_LOSSES:
             raise ValueError(f"policy_loss must be one of {POLICY_LOSSES}, got {policy_loss!r}.")
@@ -257,6 +263,7 @@ class GRPOObjective:
         self.loss_normaliser = loss_normaliser
         self.loss_fn = loss_fn
         self.kl_fn = kl_fn
+        self.kl_in_advantage = kl_in_advantage
         # per dtype / device constants, rebuilt when a coefficient changes
         self._cache: ConstantCache = {}
         if aggregation == "seq-mean-token-sum-norm":  # fail at construction, not mid-step
@@ -267,7 +274,7 @@ class GRPOObjective:
         cls, config: GRPOConfig, *, loss_fn: PolicyLossFn | None = None, kl_fn: KLFn | None = None
     ) -> GRPOObjective:
         """The objective a `GRPOConfig` describes (no KL loss term when the KL is folded into the
-        reward, ``kl_penalty="reward"``)."""
+        reward, ``kl_penalty="reward"``, or into the advantages, ``kl_penalty="advantage"``)."""
         return cls(
             clip_epsilon=config.clip_epsilon,
             clip_epsilon_high=config.clip_epsilon_high,
@@ -283,7 +290,14 @@ class GRPOObjective:
             loss_normaliser=config.loss_normaliser,
             loss_fn=loss_fn,
             kl_fn=kl_fn,
+            kl_in_advantage=config.kl_penalty == "advantage",
         )
+
+    @property
+    def loss_kl_coeff(self) -> float:
+        """The weight of the KL term in the loss: ``kl_coeff``, or 0 when the KL shapes the
+        advantages instead (``kl_in_advantage``)."""
+        return 0.0 if self.kl_in_advantage else self.kl_coeff
 
     def normaliser(self, mask: Tensor) -> Tensor:
         """``Z`` of `aggregation_normaliser` for the rows of one whole optimizer step."""
@@ -375,7 +389,15 @@ class GRPOObjective:
         when ``kl_coeff != 0``. The built-in "clip" loss with the built-in KL takes the fused path
         (`grpo.algorithms.fused_clip`: values and per-step gradients in one no-grad pass); it
         equals the composed path (tests compare both to plain loops in float64).
+
+        With ``kl_in_advantage`` and ``logp_ref`` given, the advantages are shaped first
+        (`grpo.algorithms.kl.kl_shaped_advantages`: ``A - kl_coeff * sg(KL)``, per step) and the
+        loss has no KL term; the KL is still reported.
         """
+        if self.kl_in_advantage and logp_ref is not None and self.kl_coeff != 0.0:
+            with torch.no_grad():
+                kl = self.kl_term(logp.detach(), logp_ref)
+            advantages = kl_shaped_advantages(advantages, kl, self.kl_coeff)
         if self.policy_loss == "clip" and self.loss_fn is None and self.kl_fn is None:
             loss, stats, extremes = fused_clip_objective(
                 logp, logp_old, advantages, mask, normaliser, logp_ref, entropy, self._clip_settings(),
@@ -388,7 +410,7 @@ class GRPOObjective:
         """The settings the fused "clip" path (`grpo.algorithms.fused_clip`) reads, as they are now."""
         return ClipObjectiveSettings(
             self.eps_low, self.eps_high, self.dual_clip_c, self.log_ratio_clamp, self.kl_estimator,
-            self.kl_coeff, self.entropy_coeff, self.aggregation,
+            self.loss_kl_coeff, self.entropy_coeff, self.aggregation,
         )  # fmt: skip
 
     def _composed(
@@ -410,10 +432,11 @@ class GRPOObjective:
             pg = pg._replace(loss=pg.loss * is_weights)
         per_step = pg.loss  # aggregate() is linear: aggregate the sum of the terms once
         kl: Tensor | None = None
+        beta = self.loss_kl_coeff
         if logp_ref is not None:
-            if self.kl_coeff != 0.0:
+            if beta != 0.0:
                 kl = self.kl_term(logp, logp_ref)
-                per_step = per_step + self.kl_coeff * kl
+                per_step = per_step + beta * kl
             else:
                 with torch.no_grad():
                     kl = self.kl_term(logp.detach(), logp_ref)
@@ -437,7 +460,7 @@ class GRPOObjective:
             }
             stats, extremes = objective_statistics(
                 rows, mask, mf, aggregation_weights(mf, z, agg), z, has_ref=logp_ref is not None,
-                entropy_is_logp=entropy is None, kl_coeff=self.kl_coeff, entropy_coeff=self.entropy_coeff,
+                entropy_is_logp=entropy is None, kl_coeff=beta, entropy_coeff=self.entropy_coeff,
                 cache=self._cache,
             )  # fmt: skip
         return ObjectiveOutput(loss, stats, extremes)

@@ -47,6 +47,7 @@ from grpo.engine.setup import (
     join_processes,
     make_backend,
     make_reference,
+    offered_reference,
     reference_module,
     refresh_reference,
 )
@@ -55,6 +56,7 @@ from grpo.grpo_objective import GRPOObjective
 from grpo.metrics import StepCounts, empty_extremes_as_nan
 from grpo.policy_base import EntropyRequest, PolicyModel, has_method, set_training_mode
 from grpo.reward_model_base import RewardModel
+from grpo.rollout.action_stats import action_metrics
 from grpo.runtime.denormals import flush_denormals_on, restore_denormals
 from grpo.runtime.threads import describe, intra_op_threads, policy_elements, resolve_num_threads
 from grpo.state.trainer_state import TrainerStateMixin
@@ -66,6 +68,7 @@ from grpo.update.loop import UpdateParts, run_update
 from grpo.update.plan import UpdateDecisions, UpdatePlan
 
 if TYPE_CHECKING:
+    from grpo.training.evaluation import EvalOptions
     from grpo.training.loop import TrainState
 
 __all__ = ["GRPOConfig", "GRPOTrainer"]
@@ -80,8 +83,11 @@ class GRPOTrainer(TrainerStateMixin):
         config: a `GRPOConfig`.
         policy: the policy to train (any object with the `PolicyModel` methods).
         reward_model: a `RewardModel`, or a plain callable ``f(states, actions) -> (N,) rewards``.
-        reference_policy: the policy the KL term pulls towards. Default: a frozen copy of the
-            starting policy (DeepSeekMath), made only when ``config.kl_coeff > 0``.
+        reference_policy: the policy the KL term pulls towards (used only when
+            ``config.kl_coeff > 0``). Default: the one the policy offers through its optional
+            ``policy.reference_policy()`` hook (a LoRA `grpo.llm.CausalLMPolicy`: its model with
+            the adapter disabled, no second copy), else a frozen copy of the starting policy
+            (DeepSeekMath). `grpo.engine.setup` describes the refresh hooks.
         optimizer: a torch optimizer over the policy's parameters. Default: AdamW with
             ``config.learning_rate`` over ``policy.get_parameters()`` (`grpo.engine.optim.default_optimizer`:
             the fused implementation where torch has one).
@@ -90,6 +96,12 @@ class GRPOTrainer(TrainerStateMixin):
         loss_fn: replaces the per-step policy loss (`grpo.algorithms.policy_losses.PolicyLossFn`).
         kl_fn: replaces the KL estimator (`grpo.algorithms.kl.KLFn`).
     """
+
+    last_batch: ExperienceBatch | None = None
+    """The last step's batch (None before the first step), kept for callbacks such as
+    `grpo.training.completions_table.CompletionsTable` until the next step replaces it."""
+    last_advantages: Advantages | None = None
+    """The last step's advantages (``values`` (N,) or (N, T)), kept with `last_batch`."""
 
     def __init__(
         self,
@@ -110,9 +122,9 @@ class GRPOTrainer(TrainerStateMixin):
         self.policy: PolicyModel = _moved(policy, self.device)
         self.reward_model: RewardModel = _moved(reward, self.device)
 
-        # the backend owns the optimizer step (and shards the policy when it partitions weights)
+        reference_policy = offered_reference(config, self.policy, reference_policy)  # LoRA: no copy
         copy_reference = config.kl_coeff > 0 and reference_policy is None
-        setup = make_backend(
+        setup = make_backend(  # owns the optimizer step (and shards the policy when it partitions weights)
             config, self.policy, self.device, self.distributed, optimizer, copy_reference=copy_reference
         )
         self.params, self.optimizer, self.scheduler = setup.params, setup.optimizer, setup.scheduler
@@ -136,9 +148,9 @@ class GRPOTrainer(TrainerStateMixin):
         )
         self.collector = ExperienceCollector(
             self.policy, self.reward_model, config.group_size, self.device,
-            reference_policy=self.reference_policy, record_old_log_probs=True,
-            record_sampler_log_probs=config.sampler_is_cap is not None,
-            invalid_rewards=config.invalid_rewards, reward_timeout=config.reward_timeout,
+            reference_policy=self.reference_policy, invalid_rewards=config.invalid_rewards,
+            record_sampler_log_probs=config.sampler_is_cap is not None, reward_timeout=config.reward_timeout,
+            mask_truncated=config.mask_truncated_completions,  # record_old_log_probs: True (the default)
         )  # fmt: skip
         self.objective = GRPOObjective.from_config(config, loss_fn=loss_fn, kl_fn=kl_fn)
         self._check_sampler_correction()
@@ -237,6 +249,7 @@ class GRPOTrainer(TrainerStateMixin):
         self._note_batch_size(states)
         with self._numerics():
             t0 = time.perf_counter()
+            lr = self._learning_rate()  # optim/lr: the rate this step's first optimizer step uses
             self.check_lockstep(states)
             states = self._checked(states)
             decisions = self.plan.decide(_num_groups(states))  # the update's shortcuts, decided once
@@ -246,7 +259,7 @@ class GRPOTrainer(TrainerStateMixin):
             update, valid_steps = self._run_update(batch, adv, decisions)  # 3. the update
             t2 = time.perf_counter()
             self._count_step()  # 4. the step counter; the reference refreshed every N steps
-            metrics = self._metrics(batch, adv, update, valid_steps, (t0, t1, t2))  # 5. reduced
+            metrics = self._metrics(batch, adv, update, valid_steps, (t0, t1, t2), lr)  # 5. reduced
             metrics = self.stall_watch.observe(metrics)  # 6. StallWarning when learning has stalled
             return self._observe_reward_shift(batch, adv, metrics)  # 7. restart on a changed task
 
@@ -301,12 +314,18 @@ class GRPOTrainer(TrainerStateMixin):
         update: dict[str, float],
         valid_steps: float,
         times: tuple[float, float, float],
+        lr: float | None,
     ) -> dict[str, float]:
-        """Step 5: the step's metrics, in one place: the advantages' and the update's, the timings
-        and the step count, reduced over processes (``times``: the step's start, the update's
-        start and end)."""
+        """Step 5: the step's metrics, in one place: the advantages' and the update's, the actions'
+        lengths (``completion/*``, when they report them: `grpo.rollout.action_stats`), the
+        learning rate ``lr`` read as the step began, the timings and the step count, reduced over
+        processes (``times``: the step's start, the update's start and end). Keeps the batch and
+        advantages as `last_batch` / `last_advantages`."""
         t0, t1, t2 = times
-        metrics = adv.metrics() | update
+        self.last_batch, self.last_advantages = batch, adv
+        metrics = adv.metrics() | update | action_metrics(batch.actions)
+        if lr is not None:
+            metrics["optim/lr"] = lr
         metrics.update({f"time/{k}": v for k, v in batch.timings.items()})
         metrics["time/update"] = t2 - t1
         metrics["time/step"] = time.perf_counter() - t0
@@ -315,6 +334,10 @@ class GRPOTrainer(TrainerStateMixin):
             counts = StepCounts(float(batch.num_samples), float(batch.num_groups), valid_steps)
             metrics = self.backend.reduce_metrics(metrics, counts)
         return empty_extremes_as_nan(metrics)  # an update without a valid step has no ratio
+
+    def _learning_rate(self) -> float | None:
+        """The first parameter group's learning rate now (None without an optimizer)."""
+        return None if self.optimizer is None else float(self.optimizer.param_groups[0]["lr"])
 
     def _note_batch_size(self, states: Any) -> None:
         """Warn once when ``step`` gets another number of states than ``config.batch_size``."""
@@ -487,6 +510,7 @@ class GRPOTrainer(TrainerStateMixin):
         resume_from: str | os.PathLike[str] | None = None,
         progress: bool | Literal["bar", "log"] = True,
         log_every: int | None = None,
+        eval_options: EvalOptions | None = None,
     ) -> TrainState:
         """Run steps until ``step_count == num_steps``, with progress, evaluation, sinks and
         checkpoints; the arguments are those of `grpo.training.loop.train`, which documents them.
@@ -497,7 +521,7 @@ class GRPOTrainer(TrainerStateMixin):
         return train(
             self, states_source, num_steps, eval_states=eval_states, eval_every=eval_every,
             callbacks=callbacks, sinks=sinks, checkpoint_dir=checkpoint_dir, resume_from=resume_from,
-            progress=progress, log_every=log_every,
+            progress=progress, log_every=log_every, eval_options=eval_options,
         )  # fmt: skip
 
 

@@ -209,8 +209,8 @@ def test_generation_stops_on_eos_and_masks_by_position(tiny) -> None:
     assert tok.decode(groups[2][0].prompt_ids) == "<u>hi<a>"
     out = policy.evaluate_actions(None, flat)
     assert out.mask.sum(1).tolist() == [len(c) for c in flat]
-    with pytest.raises(TypeError, match="temperature is set at construction"):
-        policy.generate_actions(["x"], 2, temperature=0.5)
+    with pytest.raises(TypeError, match=r"unknown options \['num_beams'\]"):
+        policy.generate_actions(["x"], 2, num_beams=2)
 
 
 def test_constructor_errors(tiny) -> None:

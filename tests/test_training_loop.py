@@ -27,6 +27,7 @@ GLOSSARY = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 
 
 OPTIONAL_HEADING = "## Present only with some options"
+LENGTHS_HEADING = "## Returned by `GRPOTrainer.step` when the actions report their lengths"
 
 
 def glossary_keys(optional: bool = False) -> list[str]:
@@ -34,6 +35,7 @@ def glossary_keys(optional: bool = False) -> list[str]:
     (``optional=True``) those under the "present only with some options" heading."""
     text = GLOSSARY.read_text(encoding="utf-8")
     always, _, conditional = text.partition(OPTIONAL_HEADING)
+    conditional = conditional.partition(LENGTHS_HEADING)[0]  # completion/*: LLM actions only
     keys = []
     for line in (conditional if optional else always).splitlines():
         m = re.match(r"^\|\s*`([^`]+)`\s*\|", line)

@@ -12,7 +12,7 @@ support of pi_ref). With ``d = logp_ref - logp = log(pi_ref / pi_theta)`` on a s
 (Some trainers ship k3 with the ratio reversed, ``exp(-d) + d - 1``; that estimates
 KL(pi_ref || pi_theta) only when sampling from pi_ref, and is biased on the policy's samples.)
 
-Two ways the KL enters the update (``GRPOConfig.kl_penalty``):
+Three ways the KL enters the update (``GRPOConfig.kl_penalty``):
 
 * ``"loss"`` (DeepSeekMath GRPO): ``beta * k(logp, logp_ref)`` is added to the per-step loss and
   aggregated with it; the gradient flows through ``logp``.
@@ -20,6 +20,12 @@ Two ways the KL enters the update (``GRPOConfig.kl_penalty``):
   penalty ``p_it = beta * k(logp_old_it, logp_ref_it)`` on the (N, T) grid, computed once at
   collection from the behaviour policy and carrying no gradient, is subtracted from the reward;
   see `kl_return_to_go` for how it enters the advantage.
+* ``"advantage"`` (KL-based advantage shaping; the seed's ``use_kl_advantage_shaping``): the
+  per-step estimate on the current policy's samples, detached, is subtracted from each step's
+  advantage before the policy loss clips, ``A'_it = A_i - beta * sg(k(logp_it, logp_ref_it))``
+  (`kl_shaped_advantages`); the loss has no KL term. Unlike ``"reward"`` it uses the policy of
+  each optimizer step (not the behaviour policy), charges each step only its own KL, and is not
+  normalised with the rewards.
 """
 
 from __future__ import annotations
@@ -29,7 +35,15 @@ from typing import Any, Literal, Protocol
 import torch
 from torch import Tensor
 
-__all__ = ["KL_ESTIMATORS", "KLEstimator", "KLFn", "kl_and_grad", "kl_estimate", "kl_return_to_go"]
+__all__ = [
+    "KL_ESTIMATORS",
+    "KLEstimator",
+    "KLFn",
+    "kl_and_grad",
+    "kl_estimate",
+    "kl_return_to_go",
+    "kl_shaped_advantages",
+]
 
 KLEstimator = Literal["k1", "k2", "k3"]
 KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
@@ -108,3 +122,21 @@ def kl_return_to_go(penalty: Tensor, mask: Tensor) -> Tensor:
     """
     p = penalty * mask.to(penalty.dtype)
     return p.flip(-1).cumsum(-1).flip(-1)
+
+
+def kl_shaped_advantages(advantages: Tensor, kl: Tensor, beta: float) -> Tensor:
+    """KL-based advantage shaping: ``A'_it = A_i - beta * sg(kl_it)``, per step.
+
+    ``kl`` is the per-step estimate of KL(pi_theta || pi_ref) on the policy's samples (`kl_estimate`
+    with the configured estimator, or a user ``kl_fn``); it is detached, so the shaped advantage
+    carries no gradient and the policy loss clips it like any advantage (the loss then has no KL
+    term). Shapes: advantages (n,) or (n, T), kl (n, T) -> (n, T), in the dtype of ``advantages``
+    (the KL is rounded to it when narrower).
+    """
+    if kl.dim() != 2 or advantages.shape[0] != kl.shape[0] or advantages.dim() not in (1, 2):
+        raise ValueError(
+            f"kl_shaped_advantages: advantages {tuple(advantages.shape)} must be (n,) or (n, T) and "
+            f"kl {tuple(kl.shape)} must be (n, T) with the same n."
+        )
+    a = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    return a - beta * kl.detach().to(a.dtype)

@@ -11,6 +11,14 @@ Which backend runs the optimizer steps (`grpo.engine.backends`):
 | neither | one | `grpo.engine.backends.LocalBackend` |
 
 A policy with no trainable tensor gets no optimizer and no backend (nothing is trained).
+
+The reference policy of the KL term (``kl_coeff > 0``), in this order: the ``reference_policy``
+passed to the trainer; else the one the policy offers through its optional hook
+``policy.reference_policy()`` (`offered_reference`: `grpo.llm.CausalLMPolicy` with LoRA offers
+its model with the adapter disabled, no second copy); else a frozen deep copy of the policy.
+A reference may declare two optional hooks for ``GRPOConfig.reference_update_freq``:
+``refresh_problem() -> str | None`` (why it cannot be refreshed; checked at construction) and
+``refresh_from(policy)`` (copy the policy's weights in; used by `refresh_reference`).
 """
 
 from __future__ import annotations
@@ -41,15 +49,17 @@ from grpo.engine.distributed import DistributedSync, setup_distributed
 from grpo.engine.lr_schedules import build_scheduler
 from grpo.engine.optim import default_optimizer
 from grpo.experience_collector import same_device
-from grpo.policy_base import PolicyModel, check_policy, policy_parameters
+from grpo.policy_base import PolicyModel, check_policy, has_method, policy_parameters
 from grpo.reward_model_base import RewardModel, as_reward_model
 
 __all__ = [
     "BackendSetup",
+    "check_refreshable",
     "checked_inputs",
     "join_processes",
     "make_backend",
     "make_reference",
+    "offered_reference",
     "reference_module",
     "refresh_reference",
     "resolve_device",
@@ -222,6 +232,38 @@ def _make_optimizer(
 
 
 # ---- the reference policy of the KL term ----------------------------------------------------------
+def offered_reference(
+    config: GRPOConfig, policy: PolicyModel, reference_policy: PolicyModel | None
+) -> PolicyModel | None:
+    """The reference the trainer uses instead of a copy: ``reference_policy`` when given, else
+    ``policy.reference_policy()`` when the policy has that hook, ``kl_coeff > 0`` and the hook
+    returns one (e.g. a LoRA policy's disabled adapter); None means a frozen copy is taken.
+    Refuses, before any weight changes, a reference that ``reference_update_freq`` cannot refresh.
+    """
+    reference = reference_policy
+    if reference is None and config.kl_coeff > 0 and has_method(policy, "reference_policy"):
+        reference = policy.reference_policy()  # type: ignore[attr-defined]
+        if reference is not None:
+            check_policy(reference, f"{type(policy).__name__}.reference_policy()")
+    if config.kl_coeff > 0:
+        check_refreshable(config, reference)
+    return reference
+
+
+def check_refreshable(config: GRPOConfig, reference: PolicyModel | None) -> None:
+    """ValueError when ``config.reference_update_freq`` is set and ``reference`` says it cannot be
+    refreshed (its optional ``refresh_problem()`` returns a reason)."""
+    freq = config.reference_update_freq
+    if freq is None or reference is None or not has_method(reference, "refresh_problem"):
+        return
+    problem = reference.refresh_problem()  # type: ignore[attr-defined]
+    if problem:
+        raise ValueError(
+            f"GRPOConfig(reference_update_freq={freq}) copies the policy into the reference policy "
+            f"every {freq} steps, but {type(reference).__name__} cannot be refreshed: {problem}."
+        )
+
+
 def make_reference(
     config: GRPOConfig,
     policy: PolicyModel,
@@ -230,9 +272,9 @@ def make_reference(
     backend: Backend | None,
     copy_made: PolicyModel | None = None,
 ) -> PolicyModel | None:
-    """The reference policy: the one given, or a frozen copy of ``policy`` (``copy_made`` when
-    the backend took it already), only when ``kl_coeff > 0``; under ZeRO-3 the copy is
-    partitioned too."""
+    """The reference policy: ``reference_policy`` (the one given, or the policy's own from
+    `offered_reference`), or a frozen copy of ``policy`` (``copy_made`` when the backend took it
+    already), only when ``kl_coeff > 0``; under ZeRO-3 the copy is partitioned too."""
     if config.kl_coeff <= 0:
         if reference_policy is not None:
             import warnings
@@ -249,6 +291,7 @@ def make_reference(
         reference = reference_policy if moved is None else moved
     else:
         reference = copy_made if copy_made is not None else _frozen_copy(policy)
+    check_refreshable(config, reference)  # again: partitioning may have made it impossible
     deepspeed = _deepspeed(backend)
     module = reference_module(reference, backend)
     if deepspeed is not None and deepspeed.stage == 3 and module is not None:
@@ -320,6 +363,9 @@ def refresh_reference(
     """Copy ``policy``'s weights into ``reference``; returns the (possibly new) reference."""
     if reference is None:
         return None
+    if has_method(reference, "refresh_from"):  # its own way (e.g. a separate LoRA reference adapter)
+        reference.refresh_from(policy)  # type: ignore[attr-defined]
+        return reference
     deepspeed = _deepspeed(backend)
     if deepspeed is not None and deepspeed.stage == 3:
         # both partitioned: copied module by module (every rank takes part)

@@ -36,9 +36,10 @@ from grpo.engine.fsdp import full_state_dict, is_fsdp_sharded, run_as_forward
 from grpo.llm._deps import require
 from grpo.llm.data import is_chat, prompt_text
 from grpo.llm.logprobs import chunked_token_logprobs
+from grpo.llm.lora import REFERENCE_ADAPTER, SeparateAdapterReference, add_reference_adapter
 from grpo.policy_base import EntropyRequest, PolicyOutput, entropy_grad_mode
 
-__all__ = ["CausalLMPolicy", "Completion", "DisabledAdapterReference"]
+__all__ = ["GENERATE_OPTIONS", "CausalLMPolicy", "Completion", "DisabledAdapterReference", "SamplingOptions"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,8 +51,11 @@ class Completion:
         token_ids: (T,) int64, the completion's token ids, ending with the EOS token when
             ``finished``; no padding. On CPU.
         text: the decoded completion (special tokens skipped).
-        finished: True if generation stopped at an EOS token, False if cut at max_new_tokens.
+        finished: True if generation stopped at an EOS token, False if cut at the token limit
+            (``max_new_tokens``, or what ``max_model_len`` leaves after the prompt).
         temperature: the temperature it was sampled at (log-probs are computed at it).
+        min_new_tokens: EOS was forbidden at its first ``min_new_tokens`` positions when it was
+            sampled; log-probs are computed with the same ban (the density it was drawn from).
     """
 
     prompt_ids: Tensor
@@ -59,9 +63,16 @@ class Completion:
     text: str
     finished: bool
     temperature: float = 1.0
+    min_new_tokens: int = 0
 
     def __len__(self) -> int:
         return int(self.token_ids.shape[0])
+
+    @property
+    def truncated(self) -> bool:
+        """True when it hit the token limit without ending (``not finished``): the generic flag
+        ``GRPOConfig.mask_truncated_completions`` and the step's ``completion/*`` metrics read."""
+        return not self.finished
 
     def __str__(self) -> str:
         return self.text
@@ -73,12 +84,40 @@ def _is_peft(model: Any) -> bool:
     )
 
 
+class SamplingOptions(NamedTuple):
+    """The sampling settings of one `CausalLMPolicy.generate_actions` call (the constructor's,
+    with that call's keyword overrides)."""
+
+    max_new_tokens: int
+    min_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float
+
+
+# the keyword overrides generate_actions accepts: every field of SamplingOptions
+GENERATE_OPTIONS: tuple[str, ...] = SamplingOptions._fields
+
+
 def _check_sampling_options(
-    max_new_tokens: int, temperature: float, top_p: float, top_k: int, min_p: float, repetition_penalty: float
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    min_p: float,
+    repetition_penalty: float,
+    min_new_tokens: int = 0,
 ) -> None:
     """The sampling arguments of `CausalLMPolicy`: ValueError naming the first one out of range."""
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1.")
+    if isinstance(min_new_tokens, bool) or not isinstance(min_new_tokens, int) or min_new_tokens < 0:
+        raise ValueError(
+            f"min_new_tokens={min_new_tokens!r} must be an integer >= 0 (0 = EOS allowed from the "
+            "first token)."
+        )
     if not temperature > 0:
         raise ValueError(
             f"temperature={temperature!r} must be > 0: GRPO needs sampled completions and "
@@ -133,6 +172,74 @@ def _scoring_temperature(comps: Sequence[Any]) -> float:
     return temps.pop()
 
 
+def _eos_ban(comps: Sequence[Completion], t: int, device: torch.device) -> Tensor | None:
+    """(N, T) bool: the positions where a completion's EOS ids were banned when it was sampled
+    (its first ``min_new_tokens``); None when no completion had a ban."""
+    mins = [c.min_new_tokens for c in comps]
+    if not any(mins):
+        return None
+    return (torch.arange(t).unsqueeze(0) < torch.tensor(mins).unsqueeze(1)).to(device)
+
+
+class _HeadLogits(NamedTuple):
+    """The LM head and the logit transforms of `grpo.llm.logprobs.chunked_token_logprobs`:
+    ``z = softcap(logit_scale * (h W^T + b)) / temperature`` for chosen vocabulary rows."""
+
+    weight: Tensor
+    bias: Tensor | None
+    scale: float
+    softcap: float | None
+    temperature: float
+
+    def __call__(self, h: Tensor, rows: Tensor) -> Tensor:
+        """Logits of the vocabulary ids ``rows``: h (N, m, H), rows (E,) -> (N, m, E); rows (N, m)
+        -> (N, m) (one id per position)."""
+        w = self.weight[rows].float()
+        z = h.float() @ w.T if rows.dim() == 1 else (h.float() * w).sum(-1)
+        if self.bias is not None:
+            z = z + self.bias[rows].float()
+        z = z * self.scale
+        if self.softcap is not None:
+            z = torch.tanh(z / self.softcap) * self.softcap
+        return z / self.temperature
+
+
+def _renormalised_without_eos(
+    hidden: Tensor,
+    head: _HeadLogits,
+    targets: Tensor,
+    logp: Tensor,
+    entropy: Tensor | None,
+    ban: Tensor,
+    eos_ids: Sequence[int],
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs and entropy of the distribution sampled under a min_new_tokens ban: at a banned
+    position the EOS ids E were removed and the rest renormalised, ``q_v = p_v / (1 - P)`` with
+    ``P = sum_{e in E} p_e``. From the unbanned ``logp`` of the target y and entropy H:
+
+        log p_e = logp_y + z_e - z_y                       (E logits and y's, small matmuls)
+        log q_y = logp_y - log(1 - P)                      (-inf if y is an EOS id)
+        H_q     = (H + sum_e p_e log p_e) / (1 - P) + log(1 - P)
+
+    Shapes: hidden (N, T, H), targets / logp / entropy / ban (N, T) -> (N, T). Differentiable
+    (autograd over the few extra logits); only the first max(min_new_tokens) positions change.
+    """
+    m = int(ban.sum(1).max())
+    h, y, b, lp = hidden[:, :m], targets[:, :m], ban[:, :m], logp[:, :m]
+    eos = torch.tensor(list(eos_ids), device=targets.device)
+    log_pe = lp.unsqueeze(-1) + head(h, eos) - head(h, y).unsqueeze(-1)  # (N, m, E)
+    log_eos = torch.logsumexp(log_pe, dim=-1)  # log P
+    log_rest = torch.log(-torch.expm1(log_eos))  # log(1 - P)
+    impossible = torch.isin(y, eos)
+    lp_q = torch.where(impossible, torch.full_like(lp, float("-inf")), lp - log_rest)
+    logp = torch.cat([torch.where(b, lp_q, lp), logp[:, m:]], dim=1)
+    if entropy is not None:
+        ent = entropy[:, :m]
+        ent_q = (ent + (log_pe.exp() * log_pe).sum(-1)) / log_rest.exp() + log_rest
+        entropy = torch.cat([torch.where(b, ent_q, ent), entropy[:, m:]], dim=1)
+    return logp, entropy
+
+
 class _ScoringInputs(NamedTuple):
     """What `CausalLMPolicy.evaluate_actions` feeds the model: prompts left-padded to width P,
     completions right-padded to T."""
@@ -164,6 +271,20 @@ class CausalLMPolicy:
         gradient_checkpointing: recompute transformer blocks in the backward to save memory.
         autocast: run forward passes under bf16 autocast when on CUDA.
         generation_batch_size: sequences per ``generate`` call (memory); None = all at once.
+            The seed's ``hf_generate_chunk_size`` (prompts per call) is this divided by G.
+            Chunking keeps the sampling distribution; the samples themselves differ from one
+            call's for the same seed (the random stream is consumed in another order).
+        min_new_tokens: EOS is forbidden at the first ``min_new_tokens`` positions of every
+            completion (Hugging Face's ``MinNewTokensLengthLogitsProcessor``); log-probs are
+            computed with the same ban, so they are the density the tokens were drawn from.
+        max_model_len: context window: prompt + completion tokens <= max_model_len. A
+            completion's budget is ``min(max_new_tokens, max_model_len - prompt length)``; a
+            prompt that leaves no room raises ValueError (set ``max_prompt_length`` to cut
+            prompts from the left instead). None = no limit besides ``max_new_tokens``.
+        use_separate_reference_adapter: LoRA only: keep a second, frozen adapter named
+            ``"reference"`` (a copy of the actor adapter at construction) as the KL reference,
+            refreshed by ``GRPOConfig.reference_update_freq`` (`grpo.llm.lora`). Default False:
+            the reference is the model with its adapter disabled (the base weights; no memory).
     """
 
     def __init__(
@@ -184,8 +305,19 @@ class CausalLMPolicy:
         gradient_checkpointing: bool = False,
         autocast: bool = True,
         generation_batch_size: int | None = None,
+        min_new_tokens: int = 0,
+        max_model_len: int | None = None,
+        use_separate_reference_adapter: bool = False,
     ) -> None:
-        _check_sampling_options(max_new_tokens, temperature, top_p, top_k, min_p, repetition_penalty)
+        _check_sampling_options(
+            max_new_tokens, temperature, top_p, top_k, min_p, repetition_penalty, min_new_tokens
+        )
+        for name, value in (
+            ("generation_batch_size", generation_batch_size),
+            ("max_model_len", max_model_len),
+        ):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name}={value!r} must be an integer >= 1 or None.")
         if logprob_chunk_size is not None and logprob_chunk_size < 1:
             raise ValueError(f"logprob_chunk_size={logprob_chunk_size!r} must be >= 1 or None.")
         self.model = model
@@ -202,10 +334,13 @@ class CausalLMPolicy:
         self.logprob_chunk_size = logprob_chunk_size
         self.autocast = autocast
         self.generation_batch_size = generation_batch_size
+        self.min_new_tokens = min_new_tokens
+        self.max_model_len = max_model_len
         self.is_peft = _is_peft(model)
         self.eos_token_ids: list[int] = _eos_token_ids(tokenizer, model)
         pad = tokenizer.pad_token_id
         self.pad_token_id: int = int(pad) if pad is not None else self.eos_token_ids[0]
+        self.reference_adapter: str | None = self._reference_adapter(use_separate_reference_adapter)
         if gradient_checkpointing:
             self.enable_gradient_checkpointing()
         self.last_generation: dict[str, float] = {}
@@ -238,11 +373,30 @@ class CausalLMPolicy:
         device: torch.device = next(iter(self.model.parameters())).device
         return device
 
-    def reference_policy(self) -> DisabledAdapterReference | None:
-        """For a PEFT (LoRA) model: the base model, i.e. this model with the adapter disabled (no
-        second copy in memory). None otherwise: `GRPOTrainer` then snapshots a frozen copy when
-        ``kl_coeff > 0`` and makes none when ``kl_coeff == 0``."""
+    def reference_policy(self) -> DisabledAdapterReference | SeparateAdapterReference | None:
+        """The KL reference this policy offers; `GRPOTrainer` uses it when ``kl_coeff > 0`` and
+        no ``reference_policy`` is passed. A PEFT (LoRA) model: the model with its adapter disabled
+        (`DisabledAdapterReference`, the base weights, no second copy in memory), or the frozen
+        ``"reference"`` adapter with ``use_separate_reference_adapter=True``
+        (`grpo.llm.lora.SeparateAdapterReference`). None otherwise: the trainer then snapshots a
+        frozen copy of the policy."""
+        if self.reference_adapter is not None:
+            return SeparateAdapterReference(self, self.reference_adapter)
         return DisabledAdapterReference(self) if self.is_peft else None
+
+    def _reference_adapter(self, wanted: bool) -> str | None:
+        """Add the separate frozen reference adapter when ``wanted`` (its name), else None."""
+        if not wanted:
+            return None
+        if not self.is_peft:
+            raise TypeError(
+                f"use_separate_reference_adapter=True keeps a second LoRA adapter as the reference, "
+                f"but the model ({type(self.model).__name__}) is not a PEFT model. Wrap it first "
+                f"(peft.get_peft_model(model, LoraConfig(...))), or leave the option False: "
+                f"GRPOTrainer then takes a frozen copy of a fully fine-tuned policy."
+            )
+        add_reference_adapter(self.model, REFERENCE_ADAPTER)
+        return REFERENCE_ADAPTER
 
     def enable_gradient_checkpointing(self) -> None:
         """Recompute the transformer blocks in the backward (non-reentrant, works with LoRA)."""
@@ -307,22 +461,20 @@ class CausalLMPolicy:
     ) -> list[list[Completion]]:
         """Sample G completions per prompt: B lists of G `Completion` s.
 
-        Keyword overrides for one call: ``max_new_tokens``, ``top_p``, ``top_k``, ``min_p``,
-        ``repetition_penalty`` (the temperature is fixed at construction so that log-probs and
-        sampling agree).
+        Keyword overrides for one call (`GENERATE_OPTIONS`): ``temperature``, ``max_new_tokens``,
+        ``min_new_tokens``, ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``. Each
+        completion records its temperature and ``min_new_tokens`` and is scored at them, so an
+        evaluation at another temperature (``temperature=t``) keeps log-probs and sampling in
+        agreement. With ``max_model_len`` each completion stops at ``min(max_new_tokens,
+        max_model_len - its prompt length)`` tokens (`completion_budgets`).
         """
-        allowed = {"max_new_tokens", "top_p", "top_k", "min_p", "repetition_penalty"}
-        unknown = set(kwargs) - allowed
-        if unknown:
-            raise TypeError(
-                f"CausalLMPolicy.generate_actions got unknown options {sorted(unknown)}; allowed: "
-                f"{sorted(allowed)}. The temperature is set at construction (log-probs use it)."
-            )
+        opts = self.sampling_options(kwargs)
         transformers = require("transformers")
         g = int(num_actions_per_state)
         prompts = [torch.tensor(self.encode_prompt(s), dtype=torch.long) for s in states]
+        budgets = self.completion_budgets([int(p.shape[0]) for p in prompts], opts.max_new_tokens)
         rows = [p for p in prompts for _ in range(g)]  # group-major: row k is prompt k // g
-        gen_cfg = self._generation_config(transformers, kwargs)
+        row_budgets = [b for b in budgets for _ in range(g)]
         device = self.device
         # ZeRO-3 or FSDP on several processes: every forward all-gathers weights, so every rank
         # keeps stepping until all ranks' sequences are done (rows that finished only get padding).
@@ -333,34 +485,89 @@ class CausalLMPolicy:
         n_tokens = 0
         eos = torch.tensor(self.eos_token_ids)
         for start in range(0, len(rows), chunk):
-            completions = self._generate_rows(rows[start : start + chunk], gen_cfg, synced, device, eos)
+            part_budgets = row_budgets[start : start + chunk]
+            gen_cfg = self._generation_config(transformers, opts._replace(max_new_tokens=max(part_budgets)))
+            completions = self._generate_rows(
+                rows[start : start + chunk], gen_cfg, synced, device, eos, part_budgets, opts
+            )
             n_tokens += sum(len(c) for c in completions)
             out.extend(completions)
         self.last_generation = {"completion_tokens": float(n_tokens), "seconds": time.perf_counter() - t0}
         return [out[k * g : (k + 1) * g] for k in range(len(prompts))]
 
-    def _generation_config(self, transformers: Any, overrides: Mapping[str, Any]) -> Any:
-        """The ``GenerationConfig`` of one `generate_actions` call (its keyword overrides applied)."""
-        top_k = int(overrides.get("top_k", self.top_k))
-        min_p = float(overrides.get("min_p", self.min_p))
+    def sampling_options(self, overrides: Mapping[str, Any]) -> SamplingOptions:
+        """The constructor's sampling settings with one call's keyword ``overrides``, checked
+        (TypeError naming an unknown option, ValueError for a value out of range)."""
+        unknown = set(overrides) - set(GENERATE_OPTIONS)
+        if unknown:
+            raise TypeError(
+                f"CausalLMPolicy.generate_actions got unknown options {sorted(unknown)}; allowed: "
+                f"{sorted(GENERATE_OPTIONS)}."
+            )
+        opts = SamplingOptions(
+            max_new_tokens=overrides.get("max_new_tokens", self.max_new_tokens),
+            min_new_tokens=overrides.get("min_new_tokens", self.min_new_tokens),
+            temperature=float(overrides.get("temperature", self.temperature)),
+            top_p=float(overrides.get("top_p", self.top_p)),
+            top_k=overrides.get("top_k", self.top_k),
+            min_p=float(overrides.get("min_p", self.min_p)),
+            repetition_penalty=float(overrides.get("repetition_penalty", self.repetition_penalty)),
+        )
+        if overrides:
+            _check_sampling_options(
+                opts.max_new_tokens, opts.temperature, opts.top_p, opts.top_k, opts.min_p,
+                opts.repetition_penalty, opts.min_new_tokens,
+            )  # fmt: skip
+        return opts
+
+    def completion_budgets(self, prompt_lengths: Sequence[int], max_new_tokens: int) -> list[int]:
+        """Tokens each completion may have: ``min(max_new_tokens, max_model_len - P)`` for a prompt
+        of P tokens (``max_new_tokens`` without ``max_model_len``). ValueError for a prompt that
+        leaves no room, naming its length and the limit."""
+        limit = self.max_model_len
+        if limit is None:
+            return [max_new_tokens] * len(prompt_lengths)
+        too_long = [(i, n) for i, n in enumerate(prompt_lengths) if n >= limit]
+        if too_long:
+            i, n = too_long[0]
+            raise ValueError(
+                f"prompt {i} has {n} tokens, which leaves no room for a completion within "
+                f"max_model_len={limit} (prompt + completion tokens). Shorten the prompt, raise "
+                f"max_model_len, or set CausalLMPolicy(max_prompt_length=...) below {limit} to keep "
+                f"only the last prompt tokens."
+            )
+        return [min(max_new_tokens, limit - n) for n in prompt_lengths]
+
+    def _generation_config(self, transformers: Any, opts: SamplingOptions) -> Any:
+        """The ``GenerationConfig`` of one ``generate`` call (options 0/1 that switch a knob off
+        are passed as None)."""
         return transformers.GenerationConfig(
             do_sample=True,
-            temperature=self.temperature,
-            top_p=float(overrides.get("top_p", self.top_p)),
-            top_k=top_k if top_k > 0 else None,
-            min_p=min_p if min_p > 0 else None,
-            repetition_penalty=float(overrides.get("repetition_penalty", self.repetition_penalty)),
-            max_new_tokens=int(overrides.get("max_new_tokens", self.max_new_tokens)),
+            temperature=opts.temperature,
+            top_p=opts.top_p,
+            top_k=opts.top_k if opts.top_k > 0 else None,
+            min_p=opts.min_p if opts.min_p > 0 else None,
+            repetition_penalty=opts.repetition_penalty,
+            max_new_tokens=opts.max_new_tokens,
+            min_new_tokens=opts.min_new_tokens if opts.min_new_tokens > 0 else None,
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
             use_cache=True,
         )
 
     def _generate_rows(
-        self, part: Sequence[Tensor], gen_cfg: Any, synced: bool, device: torch.device, eos: Tensor
+        self,
+        part: Sequence[Tensor],
+        gen_cfg: Any,
+        synced: bool,
+        device: torch.device,
+        eos: Tensor,
+        budgets: Sequence[int],
+        opts: SamplingOptions,
     ) -> list[Completion]:
         """One ``generate`` call on the prompt rows ``part``: a `Completion` per row, cut after its
-        first token in ``eos``."""
+        first token in ``eos`` or at its budget (``budgets[i]`` tokens; the first tokens of a longer
+        sample are a sample of the shorter length: the cut changes no distribution)."""
         ids, attn = self._left_pad(part)
         width = ids.shape[1]
         with torch.no_grad(), self._autocast():
@@ -371,14 +578,15 @@ class CausalLMPolicy:
                 synced_gpus=synced,
             )
         comp = seqs[:, width:].cpu()  # (n, T') completion ids, padded after the first EOS
-        is_eos = torch.isin(comp, eos)
+        limit = torch.tensor(budgets).clamp(max=comp.shape[1])  # (n,)
+        is_eos = torch.isin(comp, eos) & (torch.arange(comp.shape[1]) < limit.unsqueeze(1))
         has_eos = is_eos.any(dim=1)
         first = is_eos.int().argmax(dim=1)
-        lengths = torch.where(has_eos, first + 1, torch.full_like(first, comp.shape[1]))
+        lengths = torch.where(has_eos, first + 1, limit)
         token_rows = [comp[i, : int(lengths[i])].clone() for i in range(comp.shape[0])]
         texts = self.tokenizer.batch_decode([t.tolist() for t in token_rows], skip_special_tokens=True)
         return [
-            Completion(part[i], toks, text, bool(has_eos[i]), self.temperature)
+            Completion(part[i], toks, text, bool(has_eos[i]), opts.temperature, opts.min_new_tokens)
             for i, (toks, text) in enumerate(zip(token_rows, texts, strict=True))
         ]
 
@@ -407,9 +615,10 @@ class CausalLMPolicy:
         temperature = _scoring_temperature(comps)
         device = self.device
         input_ids, attn, position_ids, targets, mask, p = self._scoring_inputs(comps, device)
+        ban = _eos_ban(comps, int(targets.shape[1]), device)  # min_new_tokens: EOS banned there
 
         def forward() -> tuple[Tensor, Tensor | None]:
-            return self._score(input_ids, attn, position_ids, targets, p, temperature, with_entropy)
+            return self._score(input_ids, attn, position_ids, targets, p, temperature, with_entropy, ban)
 
         def fsdp_forward() -> tuple[Tensor, Tensor | None]:
             # owned (N, T) tensors, not views: FSDP2 hooks its backward on the forward's outputs
@@ -453,9 +662,12 @@ class CausalLMPolicy:
         p: int,
         temperature: float,
         with_entropy: EntropyRequest,
+        ban: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (N, T) of ``targets`` and the entropy (or None), unmasked: the forward of
-        `evaluate_actions` (full logits, or the backbone then the chunked LM head)."""
+        `evaluate_actions` (full logits, or the backbone then the chunked LM head). ``ban``
+        (N, T) bool: positions where the EOS ids were forbidden when sampling (min_new_tokens);
+        there the distribution is the one renormalised without them."""
         entropy: Tensor | None
         with self._autocast():
             if self.logprob_chunk_size is None:
@@ -463,12 +675,14 @@ class CausalLMPolicy:
                     input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False
                 ).logits[:, p - 1 :]  # (N, T, V)
                 z = logits.float() / temperature
+                if ban is not None:  # -inf at the banned EOS logits
+                    z = z.masked_fill(ban.unsqueeze(-1) & self._eos_vocab(z), float("-inf"))
                 logp_all = torch.log_softmax(z, dim=-1)
-                logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-                entropy = None
+                logp, entropy = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1), None
                 if with_entropy:
                     with entropy_grad_mode(with_entropy):
-                        entropy = -(logp_all.exp() * logp_all).sum(-1)
+                        finite = logp_all if ban is None else logp_all.masked_fill(z == float("-inf"), 0.0)
+                        entropy = -(logp_all.exp() * finite).sum(-1)
             else:
                 hidden = self._backbone()(
                     input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False
@@ -476,17 +690,20 @@ class CausalLMPolicy:
                 head = self._head()
                 cfg = getattr(self._causal_lm(), "config", None)
 
+                scale = float(getattr(cfg, "logit_scale", None) or 1.0)
+                softcap = getattr(cfg, "final_logit_softcapping", None)
+
                 def score(h: Tensor) -> tuple[Tensor, Tensor | None]:
-                    return chunked_token_logprobs(
-                        h,
-                        head.weight,
-                        targets,
-                        bias=head.bias,
-                        temperature=temperature,
-                        chunk_size=self.logprob_chunk_size,
-                        with_entropy=bool(with_entropy),
-                        logit_scale=float(getattr(cfg, "logit_scale", None) or 1.0),
-                        softcap=getattr(cfg, "final_logit_softcapping", None),
+                    lp, ent = chunked_token_logprobs(
+                        h, head.weight, targets, bias=head.bias, temperature=temperature,
+                        chunk_size=self.logprob_chunk_size, with_entropy=bool(with_entropy),
+                        logit_scale=scale, softcap=softcap,
+                    )  # fmt: skip
+                    if ban is None:
+                        return lp, ent
+                    head_logits = _HeadLogits(head.weight, head.bias, scale, softcap, temperature)
+                    return _renormalised_without_eos(
+                        h, head_logits, targets, lp, ent, ban, self.eos_token_ids
                     )
 
                 if is_partitioned(head):
@@ -496,6 +713,11 @@ class CausalLMPolicy:
                 if entropy is not None and with_entropy == "no_grad":
                     entropy = entropy.detach()  # no gradient reaches its backward terms
         return logp, entropy
+
+    def _eos_vocab(self, z: Tensor) -> Tensor:
+        """(V,) bool: True at the EOS ids (the vocabulary of logits ``z`` (..., V))."""
+        vocab = torch.zeros(z.shape[-1], dtype=torch.bool, device=z.device)
+        return vocab.index_fill_(0, torch.tensor(self.eos_token_ids, device=z.device), True)
 
     def _causal_lm(self) -> Any:
         return self.model.get_base_model() if self.is_peft else self.model
@@ -554,9 +776,19 @@ class CausalLMPolicy:
 class DisabledAdapterReference:
     """The reference policy of a LoRA run: the same model with its adapter disabled.
 
-    No second model is held; each call runs the shared model under ``disable_adapter()``. It has
-    no trainable parameters, and ``train``/``eval``/``to`` leave the shared model alone.
+    No second model is held; each call runs the shared model under ``disable_adapter()``, in eval
+    mode (no dropout) and without gradient. It has no parameters of its own (0 extra tensors), and
+    ``train``/``eval``/``to`` leave the shared model alone. It cannot be refreshed
+    (``GRPOConfig.reference_update_freq``): the base weights are the policy's too; a refreshed
+    LoRA reference is ``CausalLMPolicy(..., use_separate_reference_adapter=True)``.
     """
+
+    refresh_problem_text = (
+        "the reference is the policy's own model with its LoRA adapter disabled (the base "
+        "weights), which cannot take the adapter's weights without changing the policy. Build the "
+        "policy with CausalLMPolicy(..., use_separate_reference_adapter=True) for a frozen "
+        "reference adapter that is refreshed, or set reference_update_freq=None"
+    )
 
     def __init__(self, policy: CausalLMPolicy) -> None:
         if not policy.is_peft:
@@ -568,8 +800,18 @@ class DisabledAdapterReference:
 
     @contextlib.contextmanager
     def _disabled(self) -> Iterator[None]:
-        with self.policy.model.disable_adapter(), torch.no_grad():
-            yield
+        model = self.policy.model
+        training = bool(model.training)
+        model.eval()  # the frozen reference: no dropout
+        try:
+            with model.disable_adapter(), torch.no_grad():
+                yield
+        finally:
+            model.train(training)
+
+    def refresh_problem(self) -> str:
+        """Why this reference cannot be refreshed (always: see the class docstring)."""
+        return self.refresh_problem_text
 
     def generate_actions(self, states: Any, num_actions_per_state: int, **kwargs: Any) -> Any:
         with self._disabled():

@@ -14,6 +14,7 @@ values of several processes combine into the global one (`reduce_across_ranks`):
 | ``min`` / ``max`` | smallest / largest | min / max |
 | ``slowest`` | seconds | max (the slowest process) |
 | ``global`` | already the same on every process (a global gradient norm, a counter) | mean |
+| ``finished`` | mean over the samples that ended on their own | weighted by those samples' count |
 
 The glossary docs/metrics.md is generated from `METRICS` (`glossary_markdown`; a test keeps
 them equal: ``python -m grpo.metrics > docs/metrics.md`` rewrites it).
@@ -44,10 +45,12 @@ __all__ = [
 ]
 
 Reduction = Literal[
-    "samples", "groups", "valid_steps", "pooled_std", "share", "sum", "min", "max", "slowest", "global"
-]
+    "samples", "groups", "valid_steps", "pooled_std", "share", "sum", "min", "max", "slowest", "global",
+    "finished",
+]  # fmt: skip
 REDUCTIONS: tuple[Reduction, ...] = (
     "samples", "groups", "valid_steps", "pooled_std", "share", "sum", "min", "max", "slowest", "global",
+    "finished",
 )  # fmt: skip
 Section = Literal["step", "train", "eval", "optional", "llm"]
 
@@ -205,6 +208,16 @@ METRICS: tuple[Metric, ...] = (
         "Below ~1e-7 for several steps the policy has stopped changing (`grpo.training.stall_watch`)."
         + _UPDATE_NOTE,
     ),
+    _m(
+        "optim/lr",
+        "global",
+        "step",
+        "Learning rate of the first parameter group at the first optimizer step of this step: read "
+        "as the step begins, after the schedule's steps so far (warmup / decay, "
+        "`grpo.engine.lr_schedules`), before this step's own. The rate after the step (the next "
+        'step\'s) is `trainer.optimizer.param_groups[0]["lr"]`; with `adaptive_lr_kl` the rate '
+        "the update set is `optim/adaptive_lr`. Absent when nothing is trained (no optimizer).",
+    ),
     _m("time/generate", "slowest", "step", "Seconds in `policy.generate_actions`."),
     _m("time/score", "slowest", "step", "Seconds in the reward model."),
     _m(
@@ -239,13 +252,6 @@ METRICS: tuple[Metric, ...] = (
         "was given back, because the restarted policy's groups still favoured it (the task got "
         "harder or its rewards were rescaled, not changed; `grpo.training.reward_shift`), else 0. Absent "
         "otherwise.",
-    ),
-    _m(
-        "optim/lr",
-        "global",
-        "train",
-        "Learning rate of the first parameter group at the first optimizer step of this step "
-        "(after warmup / schedule; see `grpo.engine.lr_schedules`).",
     ),
     _m("time/data", "slowest", "train", "Seconds drawing this step's states from the source."),
     _m(
@@ -303,6 +309,28 @@ METRICS: tuple[Metric, ...] = (
         "With `sampler_is_cap`: fraction of valid steps whose weight exp(logp_old − logp_sampler) "
         "exceeded the cap.",
     ),
+    _m(
+        "completion/tokens",
+        "sum",
+        "llm",
+        "Σ L_i: the length of the N actions together (tokens of the step's completions).",
+    ),
+    _m("completion/mean_length", "samples", "llm", "Σ L_i / N: the mean length of the N actions."),
+    _m("completion/min_length", "min", "llm", "The shortest action's length."),
+    _m("completion/max_length", "max", "llm", "The longest action's length."),
+    _m(
+        "completion/frac_truncated",
+        "samples",
+        "llm",
+        "Fraction of the N actions cut at the length limit without ending (`truncated`: no EOS "
+        "within `max_new_tokens`). Near 1, the limit is too short for the task.",
+    ),
+    _m(
+        "completion/mean_terminated_length",
+        "finished",
+        "llm",
+        "Mean length of the actions that ended on their own (not `truncated`: an EOS); NaN when none did.",
+    ),
 )
 """Every metric, in glossary order."""
 
@@ -356,7 +384,17 @@ def _reduce_column(name: str, cols: Mapping[str, Tensor], counts: Mapping[str, T
         return v.max()
     if kind == "min":
         return v.min()
+    if kind == "finished" and "completion/frac_truncated" in cols:
+        return _finished_mean(v, counts["samples"] * (1 - cols["completion/frac_truncated"]))
     return v.mean()
+
+
+def _finished_mean(v: Tensor, ended: Tensor) -> Tensor:
+    """Mean of per-process means over their ``ended`` samples (a process without one holds NaN)."""
+    total = ended.sum()
+    if not float(total) > 0:
+        return torch.full((), math.nan, dtype=v.dtype)
+    return torch.where(ended > 0, v * ended, torch.zeros_like(v)).sum() / total
 
 
 def empty_extremes_as_nan(metrics: dict[str, float]) -> dict[str, float]:
@@ -409,6 +447,15 @@ _SECTIONS: tuple[tuple[Section, str, str], ...] = (
         "These keys are added to the records of `GRPOTrainer.step` (and so `train`), or of "
         "`evaluate` for `eval/*` keys, only when the option that produces them is on.\n\n",
     ),
+    (
+        "llm",
+        "Returned by `GRPOTrainer.step` when the actions report their lengths (LLM completions)",
+        "Each action reports its length L_i with `len(action)` and whether it was cut at the "
+        "length limit without ending with `action.truncated` (or `action.finished`, the "
+        "negation; the hook of `grpo.rollout.action_stats`). `grpo.llm.Completion` has them: L_i "
+        "is its number of tokens, `truncated` whether it hit `max_new_tokens` without an EOS. "
+        "Actions without them (tensors, ints, gym episodes) report none of these keys.\n\n",
+    ),
 )
 
 _HEADER = """# Metric glossary
@@ -432,7 +479,8 @@ reward.
 The "across processes" column says how the values of several processes (torchrun) combine into
 the one every process returns: `samples` / `groups` / `valid_steps` = mean weighted by that count,
 `pooled_std` = pooled with the matching mean, `share` = sum of each process's share of a global
-loss, `sum`, `min`, `max`, `slowest` = max (seconds), `global` = already equal on every process.
+loss, `sum`, `min`, `max`, `slowest` = max (seconds), `global` = already equal on every process,
+`finished` = mean weighted by each process's actions that ended on their own.
 """
 
 

@@ -56,6 +56,9 @@ class ExperienceBatch:
         timings: seconds spent in ``generate``, ``score`` and ``logprobs``.
         dropped_groups: groups left out because a reward was invalid
             (``invalid_rewards="drop_groups"``); ``states`` holds only the kept ones.
+        loss_rows: (N,) bool, False for the samples that contribute no gradient (their loss-mask
+            rows are zeroed in the update), set by the collector with
+            ``GRPOConfig.mask_truncated_completions``: actions that did not end. None = all rows.
     """
 
     states: Any
@@ -72,6 +75,7 @@ class ExperienceBatch:
     timings: dict[str, float] = field(default_factory=dict)
     dropped_groups: int = 0
     step_rewards: Tensor | None = None
+    loss_rows: Tensor | None = None
 
     @property
     def num_samples(self) -> int:

@@ -5,7 +5,7 @@
     states  = next batch from the source                      # time/data
     metrics = trainer.step(states)                            # every key of step()
     metrics += optim/lr, throughput/*, time/data
-    every eval_every steps: metrics += evaluate(eval_states)  # eval/*, time/eval; on_eval
+    every eval_every steps: metrics += evaluate(eval_states, **eval_options)  # eval/*; on_eval
     on_metrics (callbacks may add keys); sinks.write(metrics, step); on_step_end
     progress bar / log line
     every config.checkpoint_freq steps: save_checkpoint; on_checkpoint
@@ -21,7 +21,8 @@ The parts of a run, each in its module (their public names are importable from h
   ``DataLoader``, an iterator, a callable), how each is drawn, and how a resumed run draws the
   batches an uninterrupted run draws (`iter_state_batches`, `resume_problem`);
 * `grpo.training.evaluation`: `evaluate`, on forked RNG streams, so evaluating never changes
-  what training samples; `train` evaluates with the fixed seed ``config.seed`` (0 when None);
+  what training samples; `train` evaluates with the fixed seed ``config.seed`` (0 when None) and
+  the `EvalOptions` given as ``eval_options`` (group size, temperature, pass@k / maj@k);
 * `grpo.training.progress`: the report (`training_summary`, the start and end lines, the tqdm
   bar or progress log lines).
 
@@ -58,19 +59,20 @@ from grpo.engine.lr_schedules import schedule_length_problem
 from grpo.metrics.sinks import format_metrics
 from grpo.runtime.threads import intra_op_threads
 from grpo.training.callbacks import HOOKS, TrainerLike, TrainState
-from grpo.training.evaluation import evaluate
+from grpo.training.evaluation import EvalOptions, check_eval_options, evaluate
 from grpo.training.progress import EVAL_KEYS, ProgressReport, report_visible, training_summary
 from grpo.training.progress import Progress as Progress
 from grpo.training.progress import end_line as end_line
 from grpo.training.progress import progress_logger as progress_logger
 from grpo.training.progress import start_line as start_line
 from grpo.training.sources import describe_source as describe_source
-from grpo.training.sources import iter_state_batches, num_states, resume_problem
+from grpo.training.sources import iter_state_batches, num_states, resume_problem, state_sequence
 
 if TYPE_CHECKING:
     from grpo.config import GRPOConfig
 
 __all__ = [
+    "EvalOptions",
     "TrainState",
     "TrainerLike",
     "evaluate",
@@ -96,6 +98,7 @@ def train(
     resume_from: str | os.PathLike[str] | None = None,
     progress: Progress = True,
     log_every: int | None = None,
+    eval_options: EvalOptions | None = None,
 ) -> TrainState:
     """Run ``trainer.step`` until ``trainer.step_count == num_steps``, with progress, evaluation,
     sinks, callbacks and checkpoints (`GRPOTrainer.train` calls this; the module docstring tells
@@ -110,6 +113,8 @@ def train(
             restored by ``resume_from``).
         eval_states: states to evaluate on (`evaluate`) every ``eval_every`` steps.
         eval_every: evaluation period in steps (needs ``eval_states``).
+        eval_options: `EvalOptions` of each evaluation (group size, temperature, pass@k, maj@k;
+            None = defaults), checked before the first step; ``eval_history`` records G and T.
         callbacks: `grpo.training.callbacks.Callback` objects; they run on every process.
         sinks: `grpo.metrics.sinks` writers; each gets every step's record (names in
             docs/metrics.md), on the main process only; flushed, not closed, at the end.
@@ -125,22 +130,19 @@ def train(
         ``stop_reason``.
     """
     _check_arguments(num_steps, eval_states, eval_every, progress, log_every)
+    options = _checked_eval_options(trainer, eval_options, eval_states)
     _check_checkpointing(trainer, checkpoint_dir, resume_from)
     callbacks, sinks = _checked_hooks(callbacks, sinks)
     if not is_main_process():  # under torchrun only rank 0 logs (metrics are already global)
         sinks, progress = [], False
     state = TrainState(trainer=trainer, num_steps=num_steps)
-    run = _Run(trainer.config, state, num_steps, eval_states, eval_every, callbacks, sinks, checkpoint_dir)
+    run = _Run(
+        trainer.config, state, num_steps, eval_states, eval_every, options, callbacks, sinks, checkpoint_dir
+    )  # fmt: skip
     _resume_and_plan(run, states_source, resume_from)
     batches = _open_source(run, states_source, resume_from)
     _call(callbacks, "on_train_start", state)
-    with report_visible(progress is not False):  # the report reaches stderr if logging is unset
-        report = ProgressReport(progress, trainer.step_count, num_steps, log_every, run.config.kl_coeff)
-        report.say(start_line(trainer, num_steps, eval_every=eval_every, checkpoint_dir=checkpoint_dir))
-        t_start = time.perf_counter()
-        _run_steps(run, batches, report)
-        _final_checkpoint(run)
-        report.say(end_line(state, time.perf_counter() - t_start))
+    _run_reported(run, batches, progress, log_every)
     _finish(run)
     return state
 
@@ -155,6 +157,7 @@ class _Run:
     num_steps: int
     eval_states: Any
     eval_every: int | None
+    eval_options: EvalOptions
     callbacks: list[Any]
     sinks: list[Any]
     checkpoint_dir: str | os.PathLike[str] | None
@@ -190,6 +193,22 @@ def _check_arguments(
         raise ValueError(f"train(log_every={log_every!r}) is not allowed: expected an integer >= 1 or None.")
     if progress not in (True, False, "bar", "log"):
         raise ValueError(f"train(progress={progress!r}) is not allowed: choose True, False, 'bar' or 'log'.")
+
+
+def _checked_eval_options(trainer: TrainerLike, options: EvalOptions | None, eval_states: Any) -> EvalOptions:
+    """The evaluation's options (defaults when None), refused before any step when they are not
+    an `EvalOptions`, come without ``eval_states``, or do not fit the trainer (`check_eval_options`)."""
+    if options is None:
+        return EvalOptions()
+    if not isinstance(options, EvalOptions):
+        raise TypeError(
+            f"train(eval_options=...) takes a grpo.training.evaluation.EvalOptions, got "
+            f"{type(options).__name__}; e.g. eval_options=EvalOptions(group_size=8, ks=(1, 8))."
+        )
+    if eval_states is None:
+        raise ValueError("train() got eval_options but no eval_states / eval_every; evaluation needs both.")
+    check_eval_options(trainer, options)
+    return options
 
 
 def _check_checkpointing(
@@ -311,10 +330,11 @@ def _open_source(run: _Run, states_source: Any, resume_from: str | os.PathLike[s
         if problem is not None:  # at the caller of train()'s caller (GRPOTrainer.train's)
             warnings.warn(f"train() cannot resume exactly: {problem}", UserWarning, stacklevel=4)
     world = get_world_size() if trainer.distributed is not None else 1  # batch_size is per rank
+    source = state_sequence(states_source)  # a datasets.Dataset: a sequence of records, like a list
     return rank_batches(
-        states_source,
+        source,
         iter_state_batches(
-            states_source, run.config.batch_size * world, start=trainer.step_count, own_state=own_state
+            source, run.config.batch_size * world, start=trainer.step_count, own_state=own_state
         ),
     )
 
@@ -325,6 +345,21 @@ def _registered(trainer: TrainerLike, source: Any) -> bool:
 
 
 # ---- the loop body ----------------------------------------------------------------------------
+def _run_reported(run: _Run, batches: Iterator[Any], progress: Progress, log_every: int | None) -> None:
+    """The start line, the steps (`_run_steps`) with the progress report, the final checkpoint
+    and the end line."""
+    trainer = run.trainer
+    with report_visible(progress is not False):  # the report reaches stderr if logging is unset
+        report = ProgressReport(progress, trainer.step_count, run.num_steps, log_every, run.config.kl_coeff)
+        report.say(
+            start_line(trainer, run.num_steps, eval_every=run.eval_every, checkpoint_dir=run.checkpoint_dir)
+        )
+        t_start = time.perf_counter()
+        _run_steps(run, batches, report)
+        _final_checkpoint(run)
+        report.say(end_line(run.state, time.perf_counter() - t_start))
+
+
 def _run_steps(run: _Run, batches: Iterator[Any], report: ProgressReport) -> None:
     """Step, evaluate when due, publish the record, checkpoint when due; until ``num_steps``, a
     callback's `TrainState.stop` or the end of the source. The bar is closed after."""
@@ -370,16 +405,20 @@ def _step(run: _Run, batches: Iterator[Any]) -> dict[str, float] | None:
 
 
 def _evaluate_if_due(run: _Run, record: dict[str, float], step: int, report: ProgressReport) -> None:
-    """Every ``eval_every`` steps: `evaluate` (with the step's threads and the seed
-    ``config.seed``), merged into the step's record and the eval history; ``on_eval``; a report line."""
+    """Every ``eval_every`` steps: `evaluate` (with the step's threads, the seed ``config.seed``
+    and ``eval_options``), merged into the step's record and the eval history (with the group size
+    and temperature it sampled at); ``on_eval``; a report line."""
     if run.eval_every is None or step % run.eval_every != 0:
         return
-    trainer = run.trainer
+    trainer, options = run.trainer, run.eval_options
     eval_seed = 0 if run.config.seed is None else run.config.seed
     with intra_op_threads(trainer.step_threads):  # as the steps run
-        ev = evaluate(trainer, run.eval_states, seed=eval_seed)
+        ev = evaluate(trainer, run.eval_states, seed=eval_seed, **options.as_kwargs())
     record.update(ev)
-    run.state.eval_history.append({"step": float(step), **ev})
+    settings = {"group_size": float(options.resolved_group_size(run.config))}
+    if options.temperature is not None:
+        settings["temperature"] = float(options.temperature)
+    run.state.eval_history.append({"step": float(step), **settings, **ev})
     _call(run.callbacks, "on_eval", run.state, ev)
     report.say(f"step {step}/{run.num_steps}: {format_metrics(ev, EVAL_KEYS)}")
 

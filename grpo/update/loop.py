@@ -120,6 +120,8 @@ def run_update(
     mode = plan.normaliser_mode(batch.mask is not None)
     stats = UpdateStatistics(with_is=parts.sampler_is_cap is not None)
     old = batch.old_log_probs
+    if batch.loss_rows is not None:  # the collector's rows without gradient (mask_truncated_completions)
+        keep = batch.loss_rows if keep is None else keep & batch.loss_rows
     from_first_epoch = old is None and decisions.needs_old  # behaviour log-probs from its forwards
     multi = plan.optimizer_steps_per_update(batch.num_groups) > 1  # this batch's (groups may be dropped)
     with parts.guard.protect(
@@ -312,7 +314,8 @@ def _is_weights(
 
 
 def _loss_mask(mask: Tensor, keep: Tensor | None, rows: Tensor | None) -> Tensor:
-    """``mask`` without the rows of dropped zero-variance groups (``keep`` False)."""
+    """``mask`` without the rows of dropped zero-variance groups and the batch's ``loss_rows``
+    (``keep`` False)."""
     if keep is None:
         return mask
     kept: Tensor = select_rows(keep.to(mask.device), rows)
