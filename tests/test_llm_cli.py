@@ -254,7 +254,16 @@ def test_logging_steps_bar_wandb_checkpoints_and_appended_metrics(
         assert {"optim/lr", "throughput/samples_per_s", "lr", "reward/exact_match/applicable"} <= set(m)
         assert m["completion/mean_length"] == pytest.approx(m["completion/tokens"] / 4)
         assert m["throughput/tokens_per_s"] == pytest.approx(m["completion/tokens"] / m["time/step"])
-    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["checkpoint-2", "final_model"]
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [
+        "checkpoint-2",
+        "checkpoints",
+        "final_model",
+    ]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        "latest",
+        "step-00000002",
+        "step-00000003",
+    ]
     saved = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
     assert saved["step"] == 2
     assert saved["metrics"]["step"] == 2.0

@@ -2,46 +2,59 @@
 
     grpo-train --model-name Qwen/Qwen2.5-0.5B-Instruct --dataset train.jsonl \
         --reward exact_match=1.0 --reward format=0.2 --num-generations 8 --output-dir out
+    grpo-train --config run.yaml --recipe dapo --resume          # a preset, continued exactly
 
-Options follow seed 003 (``--model-name``, ``--batch-size``, ``--num-epochs``, ``--learning-rate``,
-``--num-generations``, ``--max-new-tokens``, ``--kl-coef``, ``--clip-range``, ``--temperature``,
-``--gradient-accumulation-steps``, ``--max-grad-norm``, ``--warmup-steps``, ``--output-dir``,
-``--logging-steps``, ``--save-steps``, ``--use-wandb``, ``--device``, ...). ``--config FILE`` reads
-the same options from YAML or JSON (keys with ``-`` or ``_``); options on the command line win.
+Every option is a dataclass field, declared once, with its help text in the field's metadata
+(`grpo.runtime.dataclass_args`): every `GRPOConfig` field (``--kl-coeff``, ``--policy-loss``,
+``--fsdp``, ``--deepspeed``, ... a field added to `GRPOConfig` appears here by itself) and the
+command's own options below (`ModelOptions`, `DataOptions`, `GenerationOptions`,
+`RewardOptions`, `RunOptions`). Seed 003's flags are spellings of the same options
+(`SEED_FLAGS`: ``--num-generations`` = ``--group-size``, ``--kl-coef`` = ``--kl-coeff``, ...),
+and ``--recipe NAME`` = ``--recipe-name``. ``--config FILE`` reads any of them from YAML or JSON
+(keys with ``-`` or ``_``); a key that is no option is refused with the name it probably meant.
+Precedence: `GRPOConfig` defaults < this command's defaults (`CONFIG_DEFAULTS`) < the recipe <
+the config file < the command line.
 
 Training runs on `GRPOTrainer.train` (`grpo.training.loop`): what the command adds to each step's
 record (the reward functions' counters, ``completion/*``, ``throughput/tokens_per_s``, ``lr``) and
-its checkpoints are callbacks; its outputs are metric sinks (`grpo.metrics.sinks`).
+its model saves are callbacks; its outputs are metric sinks (`grpo.metrics.sinks`).
 
-Writes ``<output-dir>/checkpoint-{step}/`` every ``--save-steps`` steps and
-``<output-dir>/final_model/``: weights in safetensors plus the tokenizer, loadable with
+Output, in ``<output-dir>``: ``checkpoint-{step}/`` every ``--save-steps`` steps and
+``final_model/``: weights in safetensors plus the tokenizer, loadable with
 ``AutoModelForCausalLM.from_pretrained`` (full fine-tuning) or ``PeftModel.from_pretrained``
-(``--lora``), and ``trainer_state.json`` (step, options, last metrics). Metrics go to
-``<output-dir>/metrics.jsonl`` (appended, one `JSONLSink` line per logged step; non-finite values
-as ``NaN`` / ``Infinity``), to the ``grpo.llm`` logger and to W&B with ``--use-wandb``, every
-``--logging-steps`` steps and at the last step.
+(``--lora``), and ``trainer_state.json`` (step, options, last metrics); ``checkpoints/step-N/``
+at the same steps and at the end: the trainer's checkpoint (weights, optimizer and LR-schedule
+state, RNG streams, the data position; `grpo.state.checkpoint`), which ``--resume`` continues
+bitwise as the uninterrupted run. Metrics go to ``metrics.jsonl`` (appended, one `JSONLSink` line
+per logged step; a resumed run drops the lines after its checkpoint), to the ``grpo.llm`` logger
+and to W&B with ``--use-wandb``, every ``--logging-steps`` steps and at the last step.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import importlib.util
 import json
 import logging
+import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 
-from grpo.config import GRPOConfig
+from grpo.algorithms.recipes import RECIPES, recipe_values
+from grpo.config import GRPOConfig, suggest_fields
+from grpo.engine.deepspeed import deepspeed_config_from
 from grpo.engine.distributed import get_world_size, is_main_process, main_process_only, rank_batches, shutdown
 from grpo.llm._deps import require
-from grpo.llm.data import PromptDataset
+from grpo.llm.data import PromptBatches, PromptDataset
 from grpo.llm.policy import CausalLMPolicy
 from grpo.llm.rewards import (
     Extractor,
@@ -56,177 +69,295 @@ from grpo.llm.rewards import (
     tag_content,
 )
 from grpo.metrics.sinks import JSONLSink, LoggingSink, PeriodicSink, WandbSink
+from grpo.runtime.dataclass_args import DataclassArgumentParser, ParsedValues
+from grpo.state.checkpoint import find_latest_checkpoint
 from grpo.trainer import GRPOTrainer
 from grpo.training.callbacks import Callback, TrainState
 
-__all__ = ["build_parser", "main", "parse_args", "train"]
+__all__ = [
+    "CONFIG_DEFAULTS",
+    "SEED_FLAGS",
+    "CLIArgs",
+    "DataOptions",
+    "GenerationOptions",
+    "ModelOptions",
+    "RewardOptions",
+    "RunOptions",
+    "build_config",
+    "build_parser",
+    "build_rewards",
+    "main",
+    "parse_args",
+    "train",
+]
 
 logger = logging.getLogger("grpo.llm")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``grpo-train`` argument parser (every option has help text and a default)."""
-    p = argparse.ArgumentParser(
-        prog="grpo-train",
-        description="GRPO fine-tuning of a Hugging Face causal LM on a prompt dataset.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+def _opt(default: Any, text: str, **more: Any) -> Any:
+    """A dataclass field with its help text (and ``const``: the value when the flag is alone)."""
+    return field(default=default, metadata={"help": text, **more})
+
+
+@dataclass
+class RunOptions:
+    """How long to train, how the batch is split, and where to resume."""
+
+    num_epochs: int = _opt(1, "Passes over the dataset.")
+    max_steps: int | None = _opt(
+        None, "Train this many steps, cycling the dataset as often as needed (replaces the epochs)."
     )
-    p.add_argument("--config", default=None, help="YAML or JSON file with any of these options (CLI wins).")
-    _add_model_and_data_options(p)
-    _add_lora_options(p)
-    _add_generation_options(p)
-    _add_training_options(p)
-    _add_reward_options(p)
-    _add_output_options(p)
+    gradient_accumulation_steps: int = _opt(
+        1,
+        "Split each optimizer step's prompts into this many forward/backward passes (sets "
+        "micro_batch_size = mini-batch / this; must divide the mini-batch). The update is the same.",
+    )
+    resume: str | None = _opt(
+        None,
+        "Continue a run exactly from a trainer checkpoint: 'latest' (also the flag alone) = the "
+        "newest under <output-dir>/checkpoints; or a checkpoint directory (a step-N directory, "
+        "their root, or <output-dir>/checkpoint-N). Give the same options as the run that saved it.",
+        const="latest",
+        metavar="DIR|latest",
+    )
+
+
+@dataclass
+class ModelOptions:
+    """The model, its precision and memory settings, and the LoRA adapter."""
+
+    model_name: str | None = _opt(None, "HF model name or local path (required).", metavar="NAME")
+    bf16: bool = _opt(False, "Load the model weights in bfloat16.")
+    autocast: bool = _opt(True, "bf16 autocast on CUDA.")
+    gradient_checkpointing: bool = _opt(False, "Recompute activations in backward.")
+    logprob_chunk_size: int = _opt(512, "Tokens per LM-head chunk (0 = the full logits at once).")
+    lora: bool = _opt(False, "Train a LoRA adapter; the reference is the base model (adapter disabled).")
+    lora_r: int = _opt(16, "LoRA rank.")
+    lora_alpha: int = _opt(32, "LoRA alpha.")
+    lora_dropout: float = _opt(0.0, "LoRA dropout.")
+    lora_target_modules: str = _opt("all-linear", "Comma-separated module names, or all-linear.")
+    use_separate_reference_adapter: bool = _opt(
+        False,
+        "LoRA with a KL term: keep a frozen copy of the starting adapter as the reference instead "
+        "of the disabled adapter (for a model loaded with an adapter already trained).",
+    )
+
+
+@dataclass
+class DataOptions:
+    """The prompts and how they become model inputs."""
+
+    dataset: str | None = _opt(
+        None,
+        "Prompts: a .jsonl/.json/.parquet/.csv file or a datasets.save_to_disk directory (required).",
+        metavar="PATH",
+    )
+    prompt_column: str = _opt("prompt", "Column holding the prompt.")
+    answer_column: str = _opt("answer", "Column with the reference answer.")
+    system_prompt: str | None = _opt(None, "System message for chat-template prompts.")
+    use_chat_template: Literal["auto", "yes", "no"] = _opt(
+        "auto", "auto: chat prompts use the template, strings are raw; yes: wrap strings too."
+    )
+    max_prompt_length: int | None = _opt(None, "Keep the last N prompt tokens.")
+
+
+@dataclass
+class GenerationOptions:
+    """Sampling of the completions (the log-probs use the same temperature)."""
+
+    max_new_tokens: int = _opt(256, "Completion length limit (tokens).")
+    min_new_tokens: int = _opt(0, "No end-of-sequence before this many tokens.")
+    max_model_len: int | None = _opt(None, "Context window: prompt + completion tokens <= this.")
+    temperature: float = _opt(0.7, "Sampling temperature (log-probs use it).")
+    top_k: int = _opt(50, "Top-k sampling (0 = off).")
+    top_p: float = _opt(0.9, "Nucleus sampling (1 = off).")
+    min_p: float = _opt(0.0, "Min-p sampling (0 = off).")
+    repetition_penalty: float = _opt(1.0, "Repetition penalty (1 = off).")
+    generation_batch_size: int | None = _opt(
+        None, "Completions per generate call (a multiple of the group size); none = all at once."
+    )
+
+
+@dataclass
+class RewardOptions:
+    """The reward functions."""
+
+    reward: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "NAME[=WEIGHT], repeatable. NAME: exact_match, format, overlong, or module:function / "
+            "path.py:function (grpo's f(prompts, completions, **columns) or TRL's keyword "
+            "convention). none = exact_match."
+        },
+    )
+    answer_extractor: str = _opt(
+        "last_number", "exact_match extractor: last_number, boxed, after:MARKER (e.g. after:####), tag:NAME."
+    )
+    format_pattern: str | None = _opt(None, "Regex for the format reward.")
+    format_tags: str = _opt("think,answer", "Tags for the format reward.")
+    overlong_cache: int | None = _opt(None, "Soft over-length zone (tokens); none = a quarter of the limit.")
+
+
+@dataclass
+class OutputOptions:
+    """Where the run writes, and what it reports."""
+
+    output_dir: str = _opt("./grpo_checkpoints", "Where the checkpoints, final model and metrics go.")
+    logging_steps: int = _opt(10, "Log metrics every N steps (and at the last step).")
+    progress: bool = _opt(True, "A progress bar on stderr.")
+    use_wandb: bool = _opt(False, "Log to Weights & Biases.")
+    wandb_project: str = _opt("grpo", "W&B project.")
+    wandb_run_name: str | None = _opt(None, "W&B run name.")
+
+
+#: Seed 003's (and other) flags that are spellings of a GRPOConfig option, declared here only.
+SEED_FLAGS: dict[str, tuple[str, ...]] = {
+    "group_size": ("--num-generations",),
+    "kl_coeff": ("--kl-coef",),
+    "clip_epsilon": ("--clip-range",),
+    "clip_epsilon_high": ("--clip-range-high",),
+    "num_epochs_per_update": ("--num-iterations",),
+    "checkpoint_freq": ("--save-steps",),
+    "recipe_name": ("--recipe",),
+}
+
+#: This command's defaults of GRPOConfig fields (an LLM run's, where GRPOConfig's suit small
+#: policies); a recipe's values replace them, explicit options win over both.
+CONFIG_DEFAULTS: dict[str, Any] = {
+    "group_size": 4,
+    "batch_size": 4,
+    "learning_rate": 1e-6,
+    "device": "auto",
+    "seed": 0,
+    "checkpoint_freq": 500,
+}
+
+_OPTION_GROUPS: tuple[tuple[str, type], ...] = (
+    ("run", RunOptions),
+    ("model and LoRA", ModelOptions),
+    ("data", DataOptions),
+    ("generation", GenerationOptions),
+    ("rewards", RewardOptions),
+    ("output and logging", OutputOptions),
+)
+_CONFIG_TITLE = "GRPOConfig (the trainer; see grpo.config.GRPOConfig and docs/algorithms.md)"
+_ALIAS_ATTRIBUTES = {flag[2:].replace("-", "_"): name for name, flags in SEED_FLAGS.items() for flag in flags}
+_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(GRPOConfig))
+
+
+class CLIArgs(argparse.Namespace):
+    """The resolved options: every field of the option dataclasses and of `GRPOConfig` (the
+    recipe applied), and ``config`` (the ``--config`` path). Seed 003's names read the same
+    values (``args.kl_coef`` is ``args.kl_coeff``, see `SEED_FLAGS`)."""
+
+    def __getattr__(self, name: str) -> Any:
+        target = _ALIAS_ATTRIBUTES.get(name)
+        if target is None:
+            raise AttributeError(f"grpo-train has no option {name!r}")
+        return getattr(self, target)
+
+
+def build_parser() -> DataclassArgumentParser:
+    """The ``grpo-train`` parser: one option per field (help and default from the field)."""
+    p = DataclassArgumentParser(
+        prog="grpo-train",
+        usage="grpo-train [--config FILE] [--recipe NAME] [--resume [DIR]] [OPTIONS]",
+        description="GRPO fine-tuning of a Hugging Face causal LM on a prompt dataset. Bool options: "
+        "--flag, --flag true|false or --no-flag; options that may be unset take 'none'.",
+        hint=suggest_fields,
+        allow_abbrev=False,  # an option is its whole name: no prefix of another knob
+    )
+    groups = {title: p.add_argument_group(title) for title, _ in _OPTION_GROUPS}
+    config_group = p.add_argument_group(_CONFIG_TITLE)
+    # GRPOConfig first: a field it shares with an option dataclass is its option (one flag)
+    p.add_dataclass(
+        GRPOConfig,
+        group=config_group,
+        aliases=SEED_FLAGS,
+        defaults={k: v for k, v in CONFIG_DEFAULTS.items() if k in _CONFIG_FIELDS},
+        choices={"recipe_name": [*sorted(RECIPES), None]},
+    )
+    for title, cls in _OPTION_GROUPS:
+        p.add_dataclass(cls, group=groups[title])
     return p
 
 
-def _add_model_and_data_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model and data")
-    g.add_argument("--model-name", default=None, help="HF model name or local path (required).")
-    g.add_argument(
-        "--dataset", default=None, help="Prompts: .jsonl/.json file or a datasets.save_to_disk dir."
-    )
-    g.add_argument("--prompt-column", default="prompt", help="Column holding the prompt.")
-    g.add_argument("--answer-column", default="answer", help="Column with the reference answer.")
-    g.add_argument("--system-prompt", default=None, help="System message for chat-template prompts.")
-    g.add_argument(
-        "--use-chat-template",
-        choices=["auto", "yes", "no"],
-        default="auto",
-        help="auto: chat prompts use the template, strings are raw; yes: wrap strings too.",
-    )
-    g.add_argument("--max-prompt-length", type=int, default=None, help="Keep the last N prompt tokens.")
-    g.add_argument("--bf16", action="store_true", help="Load the model weights in bfloat16.")
-    g.add_argument("--no-autocast", action="store_true", help="Disable bf16 autocast on CUDA.")
-    g.add_argument("--gradient-checkpointing", action="store_true", help="Recompute activations in backward.")
-    g.add_argument("--logprob-chunk-size", type=int, default=512, help="Tokens per LM-head chunk (0 = full).")
-
-
-def _add_lora_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("LoRA (PEFT)")
-    g.add_argument(
-        "--lora", action="store_true", help="Train a LoRA adapter; the reference is the base model."
-    )
-    g.add_argument("--lora-r", type=int, default=16, help="LoRA rank.")
-    g.add_argument("--lora-alpha", type=int, default=32, help="LoRA alpha.")
-    g.add_argument("--lora-dropout", type=float, default=0.0, help="LoRA dropout.")
-    g.add_argument("--lora-target-modules", default="all-linear", help="Comma-separated module names.")
-
-
-def _add_generation_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("generation")
-    g.add_argument("--num-generations", type=int, default=4, help="G: completions per prompt.")
-    g.add_argument("--max-new-tokens", type=int, default=256, help="Completion length limit.")
-    g.add_argument("--temperature", type=float, default=0.7, help="Sampling temperature (log-probs use it).")
-    g.add_argument("--top-k", type=int, default=50, help="Top-k sampling (0 = off).")
-    g.add_argument("--top-p", type=float, default=0.9, help="Nucleus sampling (1 = off).")
-    g.add_argument("--min-p", type=float, default=0.0, help="Min-p sampling (0 = off).")
-    g.add_argument("--repetition-penalty", type=float, default=1.0, help="Repetition penalty (1 = off).")
-
-
-def _add_training_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("training")
-    g.add_argument("--batch-size", type=int, default=4, help="B: prompts per step.")
-    g.add_argument("--num-epochs", type=int, default=1, help="Passes over the dataset.")
-    g.add_argument(
-        "--max-steps",
-        type=int,
-        default=None,
-        help="Train this many steps, cycling the dataset as often as needed (overrides --num-epochs).",
-    )
-    g.add_argument("--learning-rate", type=float, default=1e-6, help="AdamW learning rate.")
-    g.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay.")
-    g.add_argument(
-        "--kl-coef", type=float, default=0.04, help="beta: KL(pi || pi_ref) weight; 0 = no reference."
-    )
-    g.add_argument("--clip-range", type=float, default=0.2, help="eps: PPO ratio clip range.")
-    g.add_argument("--clip-range-high", type=float, default=None, help="Upper clip eps (DAPO clip-higher).")
-    g.add_argument("--num-iterations", type=int, default=1, help="mu: optimisation epochs per batch.")
-    g.add_argument(
-        "--gradient-accumulation-steps",
-        type=int,
-        default=1,
-        help="Split each step's prompts into this many forward/backward passes (must divide batch size).",
-    )
-    g.add_argument("--max-grad-norm", type=float, default=1.0, help="Gradient-norm clip.")
-    g.add_argument("--warmup-steps", type=int, default=0, help="Linear LR warmup over this many steps.")
-    g.add_argument("--seed", type=int, default=0, help="Random seed.")
-    g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto.")
-
-
-def _add_reward_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("rewards")
-    g.add_argument(
-        "--reward",
-        action="append",
-        default=None,
-        help="NAME[=WEIGHT], repeatable. NAME: exact_match, format, overlong, or module:function / "
-        "path.py:function (f(prompts, completions, **columns) -> list[float|None]). "
-        "Default: exact_match.",
-    )
-    g.add_argument(
-        "--answer-extractor",
-        default="last_number",
-        help="exact_match extractor: last_number, boxed, after:MARKER (e.g. after:####), tag:NAME.",
-    )
-    g.add_argument("--format-pattern", default=None, help="Regex for the format reward.")
-    g.add_argument("--format-tags", default="think,answer", help="Tags for the format reward.")
-    g.add_argument("--overlong-cache", type=int, default=None, help="Soft over-length zone (tokens).")
-
-
-def _add_output_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("output and logging")
-    g.add_argument("--output-dir", default="./grpo_checkpoints", help="Where checkpoints go.")
-    g.add_argument("--logging-steps", type=int, default=10, help="Log metrics every N steps.")
-    g.add_argument("--save-steps", type=int, default=500, help="Save checkpoint-{step}/ every N steps.")
-    g.add_argument("--no-progress", action="store_true", help="No progress bar.")
-    g.add_argument("--use-wandb", action="store_true", help="Log to Weights & Biases.")
-    g.add_argument("--wandb-project", default="grpo", help="W&B project.")
-    g.add_argument("--wandb-run-name", default=None, help="W&B run name.")
-
-
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Options from a YAML (.yaml/.yml) or JSON file, keys normalised to argparse dest names."""
-    p = Path(path)
-    text = p.read_text(encoding="utf-8")
-    data = require("yaml").safe_load(text) if p.suffix in (".yaml", ".yml") else json.loads(text)
-    if not isinstance(data, dict):
-        raise ValueError(f"config file {path} must hold a mapping of options, got {type(data).__name__}.")
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse ``argv``; values from ``--config`` become defaults the command line overrides."""
+def parse_args(argv: Sequence[str] | None = None) -> CLIArgs:
+    """Parse ``argv`` (and its ``--config`` file), resolve the `GRPOConfig` (recipe, defaults,
+    explicit options) and check everything a run needs before any model is loaded; errors exit
+    with status 2 and say which option is wrong and how to fix it."""
     parser = build_parser()
-    pre, _ = parser.parse_known_args(argv)
-    if pre.config is not None:
-        values = load_config_file(pre.config)
-        known = {a.dest for a in parser._actions}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise SystemExit(
-                f"grpo-train: error: unknown option(s) {unknown} in {pre.config}; valid keys: "
-                f"{sorted(known - {'help', 'config'})}"
-            )
-        if isinstance(values.get("reward"), str):
-            values["reward"] = [values["reward"]]
-        parser.set_defaults(**values)
-    args = parser.parse_args(argv)
-    if not args.model_name:
-        parser.error("--model-name is required (on the command line or in --config).")
-    if not args.dataset:
-        parser.error("--dataset is required (a .jsonl/.json file or a datasets.save_to_disk directory).")
-    if args.logging_steps < 1:
-        parser.error(f"--logging-steps={args.logging_steps} must be >= 1.")
-    if args.batch_size % args.gradient_accumulation_steps:
-        parser.error(
-            f"--gradient-accumulation-steps={args.gradient_accumulation_steps} must divide "
-            f"--batch-size={args.batch_size}; each pass takes batch_size / steps prompts."
-        )
+    parsed = parser.parse(argv)
+    v = parsed.values
+    if not v.get("model_name"):
+        parser.fail("--model-name is required (on the command line or in --config).")
+    if not v.get("dataset"):
+        parser.fail("--dataset is required (a .jsonl/.json/.parquet/.csv file or a save_to_disk dir).")
+    for name in ("logging_steps", "num_epochs", "gradient_accumulation_steps"):
+        if v[name] < 1:
+            parser.fail(f"--{name.replace('_', '-')}={v[name]} must be >= 1.")
+    if v["max_steps"] is not None and v["max_steps"] < 0:
+        parser.fail(f"--max-steps={v['max_steps']} must be >= 0.")
+    try:
+        config = resolve_config(parsed)
+    except (ValueError, TypeError) as e:
+        parser.fail(str(e))
+    args = CLIArgs(**{k: x for k, x in v.items() if k not in _CONFIG_FIELDS}, config=parsed.file)
+    for k, x in config.to_dict().items():
+        setattr(args, k, x)
+    if config.lr_schedule != "constant" and "total_steps" not in parsed.explicit:
+        args.total_steps = None  # set by train(): the run's optimizer steps
     return args
 
 
+def resolve_config(parsed: ParsedValues) -> GRPOConfig:
+    """The `GRPOConfig` of parsed options: `CONFIG_DEFAULTS`, then the recipe (``--recipe``), then
+    the explicit options. Derived here: ``micro_batch_size`` from ``--gradient-accumulation-steps``,
+    ``loss_normaliser`` = ``--max-new-tokens`` for Dr. GRPO's aggregation when unset, and a
+    stand-in ``total_steps`` for a decaying schedule (train() sets the run's own)."""
+    explicit = parsed.for_dataclass(GRPOConfig, explicit_only=True)
+    if explicit.get("checkpoint_freq") == 0:
+        explicit["checkpoint_freq"] = None  # --save-steps 0: never (as before)
+    name = explicit.pop("recipe_name", None)
+    recipe = recipe_values(name) if name is not None else {}
+    values = {**{k: d for k, d in CONFIG_DEFAULTS.items() if k not in recipe}, **explicit}
+    field_defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    effective = {**field_defaults, **recipe, **values}
+    if effective["loss_aggregation"] == "seq-mean-token-sum-norm" and effective["loss_normaliser"] is None:
+        values["loss_normaliser"] = float(parsed.values["max_new_tokens"])
+    if effective["lr_schedule"] != "constant" and effective["total_steps"] is None:
+        values["total_steps"] = effective["warmup_steps"] + 1  # checked again with the real count
+    gas = parsed.values["gradient_accumulation_steps"]
+    if gas != 1 and "micro_batch_size" in explicit:
+        raise ValueError("--gradient-accumulation-steps and --micro-batch-size set the same thing; give one.")
+    try:
+        config = GRPOConfig.recipe(name, **values) if name is not None else GRPOConfig(**values)
+    except ValueError as e:
+        if not recipe:
+            raise
+        from_recipe = ", ".join(f"{k}={x!r}" for k, x in recipe.items() if k not in explicit)
+        raise ValueError(f"{e} (--recipe {name} set {from_recipe}; an option given here wins.)") from None
+    if gas == 1:
+        return config
+    mini = config.resolved_mini_batch_size
+    if mini % gas:
+        raise ValueError(
+            f"--gradient-accumulation-steps={gas} must divide the prompts of each optimizer step "
+            f"(the mini-batch, {mini} of --batch-size={config.batch_size}); each pass takes mini-batch "
+            f"/ steps prompts. Valid: {[d for d in range(1, mini + 1) if mini % d == 0]}."
+        )
+    return dataclasses.replace(config, micro_batch_size=mini // gas)
+
+
+def build_config(args: argparse.Namespace, total_steps: int | None = None) -> GRPOConfig:
+    """The `GRPOConfig` of resolved ``args`` (`parse_args`); ``total_steps`` fills an unset one."""
+    values = {k: getattr(args, k) for k in _CONFIG_FIELDS}
+    if values["total_steps"] is None and values["lr_schedule"] != "constant":
+        values["total_steps"] = total_steps
+    return GRPOConfig(**values)
+
+
+# ---- rewards ---------------------------------------------------------------------------------------
 def _extractor(spec: str) -> Extractor:
     if spec == "last_number":
         return last_number
@@ -289,11 +420,12 @@ def build_rewards(args: argparse.Namespace) -> RewardFunctions:
     return RewardFunctions(fns, weights)
 
 
+# ---- saving, metrics, data -------------------------------------------------------------------------
 def _save(
     policy: CausalLMPolicy, directory: Path, step: int, args: argparse.Namespace, metrics: dict[str, float]
 ) -> None:
     """Rank 0 writes the model and ``trainer_state.json``; every rank calls this and returns when
-    the files are complete. Under ZeRO-3 every rank takes part in gathering the weights."""
+    the files are complete. Under ZeRO-3 and FSDP every rank takes part in gathering the weights."""
 
     def write_state() -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -313,36 +445,54 @@ def _save(
         main_process_only(write_all, None)
 
 
+class RankBatches:
+    """This process's share of each global batch of a `PromptBatches` (identity on one process),
+    with its state: registered as the trainer's ``"data"`` checkpoint component, the position in
+    the data is saved with every checkpoint and a resumed run continues at the next batch.
+    ``num_prompts`` is the size of the last batch given out."""
+
+    def __init__(self, batches: PromptBatches) -> None:
+        self.batches = batches
+        self.num_prompts = 0
+
+    def __iter__(self) -> Iterator[list[dict[str, Any]]]:
+        for batch in rank_batches(self.batches.records, self.batches):  # a Sequence source: sharded
+            self.num_prompts = len(batch)
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.batches.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.batches.load_state_dict(state)
+
+
 class _StepMetrics(Callback):
     """What ``grpo-train`` adds to each step's record (`on_metrics`, before the sinks): the reward
     functions' ``last_metrics``, ``completion/tokens``, ``completion/mean_length``,
-    ``throughput/tokens_per_s`` and ``lr`` (the learning rate after the step). `batches` wraps the
-    source of batches to know each step's number of prompts."""
+    ``throughput/tokens_per_s`` and ``lr`` (the learning rate after the step)."""
 
-    def __init__(self, policy: CausalLMPolicy, rewards: RewardFunctions, group_size: int) -> None:
+    def __init__(
+        self, policy: CausalLMPolicy, rewards: RewardFunctions, group_size: int, data: RankBatches
+    ) -> None:
         self.policy = policy
         self.rewards = rewards
         self.group_size = group_size
-        self.num_prompts = 0
-
-    def batches(self, source: Iterable[list[Any]]) -> Iterator[list[Any]]:
-        for batch in source:
-            self.num_prompts = len(batch)
-            yield batch
+        self.data = data
 
     def on_metrics(self, state: TrainState, metrics: dict[str, float]) -> None:
         metrics.update(self.rewards.last_metrics)
         tokens = float(self.policy.last_generation.get("completion_tokens", 0.0))
         metrics["completion/tokens"] = tokens
-        metrics["completion/mean_length"] = tokens / max(self.num_prompts * self.group_size, 1)
+        metrics["completion/mean_length"] = tokens / max(self.data.num_prompts * self.group_size, 1)
         metrics["throughput/tokens_per_s"] = tokens / max(metrics["time/step"], 1e-9)
         optimizer = state.trainer.optimizer
         metrics["lr"] = float(optimizer.param_groups[0]["lr"]) if optimizer is not None else 0.0
 
 
-class _SaveCheckpoints(Callback):
-    """``<output-dir>/checkpoint-{step}/`` every ``--save-steps`` steps (0 = never). Runs on every
-    process: `_save` is collective under DeepSpeed ZeRO-3, and rank 0 writes."""
+class _SaveModels(Callback):
+    """``<output-dir>/checkpoint-{step}/`` (the model, loadable with ``from_pretrained``) every
+    ``--save-steps`` steps. Runs on every process: `_save` is collective under ZeRO-3 and FSDP."""
 
     def __init__(self, policy: CausalLMPolicy, out_dir: Path, args: argparse.Namespace) -> None:
         self.policy = policy
@@ -350,7 +500,7 @@ class _SaveCheckpoints(Callback):
         self.args = args
 
     def on_step_end(self, state: TrainState, metrics: Mapping[str, float]) -> None:
-        every = self.args.save_steps
+        every = self.args.checkpoint_freq
         if every and state.step % every == 0:
             path = self.out_dir / f"checkpoint-{state.step}"
             _save(self.policy, path, state.step, self.args, dict(metrics))
@@ -376,42 +526,94 @@ def _sinks(args: argparse.Namespace, out_dir: Path, stack: contextlib.ExitStack)
     return sinks
 
 
+# ---- checkpoints and resume ------------------------------------------------------------------------
+class _Checkpointing(NamedTuple):
+    directory: Path | None  # train(checkpoint_dir=...): None = no trainer checkpoints
+    resume_from: Path | None
+
+
+def _checkpointing(args: argparse.Namespace, config: GRPOConfig) -> _Checkpointing:
+    """Where the trainer's checkpoints go (``<output-dir>/checkpoints``; none under DeepSpeed, whose
+    partitioned optimizer state they cannot hold, or with ``--save-steps none``) and which one
+    ``--resume`` loads; refused before any model is loaded when it cannot be found."""
+    root = Path(args.output_dir) / "checkpoints"
+    deepspeed = deepspeed_config_from(config.deepspeed) is not None
+    if args.resume is not None and deepspeed:
+        raise SystemExit(
+            "grpo-train: error: --resume needs the trainer's checkpoints, which DeepSpeed ZeRO cannot "
+            "write (its optimizer state is partitioned); train with --deepspeed off (or FSDP: --fsdp)."
+        )
+    directory = None if deepspeed or config.checkpoint_freq is None else root
+    if args.resume is None:
+        if directory is not None and is_main_process() and any(root.glob("step-*")):
+            logger.warning(
+                "%s holds checkpoints of an earlier run; this run starts anew (--resume continues "
+                "one) and its checkpoints go beside them.",
+                root,
+            )
+        return _Checkpointing(directory, None)
+    path = _resume_path(args.resume, root)
+    if find_latest_checkpoint(path) is None:
+        raise SystemExit(
+            f"grpo-train: error: --resume {args.resume}: no complete trainer checkpoint in {path}; "
+            f"give a step-N directory or their root (the run's <output-dir>/checkpoints), or run "
+            f"without --resume."
+        )
+    return _Checkpointing(directory, path)
+
+
+def _resume_path(spec: str, root: Path) -> Path:
+    """``latest`` -> ``root``; ``.../checkpoint-N`` (a model save of this command) -> the trainer
+    checkpoint of step N under ``root``; anything else as given."""
+    if spec == "latest":
+        return root
+    path = Path(spec)
+    match = re.fullmatch(r"checkpoint-(\d+)", path.name)
+    if match and not path.joinpath("state.json").exists():
+        step_dir = path.parent / "checkpoints" / f"step-{int(match.group(1)):08d}"
+        if step_dir.is_dir():
+            return step_dir
+    return path
+
+
+# ---- the run ---------------------------------------------------------------------------------------
 def train(args: argparse.Namespace) -> dict[str, float]:
-    """Run the training described by ``args``; return the last step's metrics."""
+    """Run the training described by ``args`` (`parse_args`); return the last step's metrics."""
     transformers = require("transformers")
     dataset = PromptDataset.load(args.dataset, prompt_column=args.prompt_column)
+    plan = _plan_steps(args, dataset)
+    per_step = build_config(args, total_steps=10**9).optimizer_steps_per_step
+    config = build_config(args, total_steps=plan.total * per_step)  # a decaying schedule: this run
+    ckpt = _checkpointing(args, config)
+    trainer_config = (
+        config if ckpt.directory is not None else dataclasses.replace(config, checkpoint_freq=None)
+    )
     policy = _build_policy(args, *_load_model(args, transformers))
     rewards = build_rewards(args)
-    config = _build_config(args)
-    reference = policy.reference_policy() if args.kl_coef > 0 else None
-    trainer = GRPOTrainer(config, policy, rewards, reference_policy=reference)
-    plan = _plan_steps(args, dataset)
+    reference = policy.reference_policy() if config.kl_coeff > 0 else None
+    trainer = GRPOTrainer(trainer_config, policy, rewards, reference_policy=reference)
+    data = RankBatches(
+        dataset.batches(plan.global_batch, seed=int(config.seed or 0), epochs=None, drop_last=plan.drop_last)
+    )
+    trainer.register_checkpoint_state("data", data)  # no end: the same state for any --max-steps
     out_dir = Path(args.output_dir)
     if plan.main_process:
         out_dir.mkdir(parents=True, exist_ok=True)
-    logger.info(
-        "%d prompts, %d a step: %d steps (%d epoch%s of %d steps%s)", len(dataset), plan.global_batch,
-        plan.total, plan.epochs, "s" if plan.epochs > 1 else "", plan.per_epoch,
-        "; --max-steps cycles the data" if args.max_steps is not None and plan.epochs > 1 else "",
-    )  # fmt: skip
-    step_metrics = _StepMetrics(policy, rewards, args.num_generations)
-    # each global batch from the prompt list, cut into this rank's share (identity on one
-    # process); train() takes this generator as an iterator of per-rank batches, used as is
-    batches = step_metrics.batches(
-        rank_batches(
-            dataset.records,
-            dataset.batches(plan.global_batch, seed=args.seed, epochs=plan.epochs, drop_last=plan.drop_last),
-        )
-    )
+    _log_plan(args, dataset, plan)
     t_start = time.perf_counter()
     with contextlib.ExitStack() as stack:
         sinks = _sinks(args, out_dir, stack) if plan.main_process else []
         state = trainer.train(
-            batches,
+            data,
             num_steps=plan.total,
-            callbacks=[step_metrics, _SaveCheckpoints(policy, out_dir, args)],
+            callbacks=[
+                _StepMetrics(policy, rewards, config.group_size, data),
+                _SaveModels(policy, out_dir, args),
+            ],
             sinks=sinks,
-            progress=False if args.no_progress else "bar",
+            progress="bar" if args.progress else False,
+            checkpoint_dir=ckpt.directory,
+            resume_from=ckpt.resume_from,
         )
         metrics = state.history[-1] if state.history else {}
         final = out_dir / "final_model"
@@ -424,6 +626,14 @@ def train(args: argparse.Namespace) -> dict[str, float]:
         final,
     )
     return metrics
+
+
+def _log_plan(args: argparse.Namespace, dataset: PromptDataset, plan: _StepPlan) -> None:
+    logger.info(
+        "%d prompts, %d a step: %d steps (%d epoch%s of %d steps%s)", len(dataset), plan.global_batch,
+        plan.total, plan.epochs, "s" if plan.epochs > 1 else "", plan.per_epoch,
+        "; --max-steps cycles the data" if args.max_steps is not None and plan.epochs > 1 else "",
+    )  # fmt: skip
 
 
 def _load_model(args: argparse.Namespace, transformers: Any) -> tuple[Any, Any]:
@@ -441,7 +651,7 @@ def _load_model(args: argparse.Namespace, transformers: Any) -> tuple[Any, Any]:
             target_modules=targets if targets == "all-linear" else [t for t in targets.split(",") if t],
             task_type="CAUSAL_LM",
         )
-        torch.manual_seed(args.seed)  # the adapter's random init (LoRA A) follows --seed
+        torch.manual_seed(int(args.seed or 0))  # the adapter's random init (LoRA A) follows --seed
         model = peft.get_peft_model(model, lora_cfg)
     return model, tokenizer
 
@@ -463,26 +673,11 @@ def _build_policy(args: argparse.Namespace, model: Any, tokenizer: Any) -> Causa
         max_prompt_length=args.max_prompt_length,
         logprob_chunk_size=args.logprob_chunk_size or None,
         gradient_checkpointing=args.gradient_checkpointing,
-        autocast=not args.no_autocast,
-    )
-
-
-def _build_config(args: argparse.Namespace) -> GRPOConfig:
-    """The `GRPOConfig` of the command's training options."""
-    return GRPOConfig(
-        group_size=args.num_generations,
-        batch_size=args.batch_size,
-        micro_batch_size=args.batch_size // args.gradient_accumulation_steps,
-        learning_rate=args.learning_rate,
-        weight_decay=args.weight_decay,
-        num_epochs_per_update=args.num_iterations,
-        clip_epsilon=args.clip_range,
-        clip_epsilon_high=args.clip_range_high,
-        kl_coeff=args.kl_coef,
-        max_grad_norm=args.max_grad_norm,
-        warmup_steps=max(0, args.warmup_steps) * args.num_iterations,  # GRPO steps -> optimizer steps
-        device=args.device,
-        seed=args.seed,
+        autocast=args.autocast,
+        generation_batch_size=args.generation_batch_size,
+        min_new_tokens=args.min_new_tokens,
+        max_model_len=args.max_model_len,
+        use_separate_reference_adapter=args.use_separate_reference_adapter,
     )
 
 

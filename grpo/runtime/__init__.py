@@ -3,4 +3,5 @@
 * `grpo.runtime.threads`: intra-op threads per step (one for a small CPU policy)
 * `grpo.runtime.denormals`: subnormal floats flushed to zero on CPU during a step
 * `grpo.runtime.extras`: install hints for the optional extras
+* `grpo.runtime.dataclass_args`: command-line options and YAML/JSON config files from dataclasses
 """

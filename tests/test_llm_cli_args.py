@@ -1,0 +1,278 @@
+"""grpo-train's options from dataclasses (grpo.runtime.dataclass_args): every GRPOConfig knob once,
+seed 003's flags as spellings of the same options, recipes, YAML/JSON files, unknown keys, and a
+resumed run that equals the uninterrupted one bitwise."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from grpo.config import GRPOConfig
+from grpo.runtime.dataclass_args import DataclassArgumentParser, UsageError, coerce_value
+
+SEED_003_FLAGS = [
+    "--model-name", "--batch-size", "--num-epochs", "--learning-rate", "--num-generations",
+    "--max-new-tokens", "--kl-coef", "--clip-range", "--temperature", "--gradient-accumulation-steps",
+    "--max-grad-norm", "--warmup-steps", "--output-dir", "--logging-steps", "--save-steps",
+    "--use-wandb", "--wandb-project", "--wandb-run-name", "--device",
+]  # fmt: skip
+
+
+# ---- the generic parser, on a toy dataclass --------------------------------------------------------
+@dataclass
+class Toy:
+    flag: bool = field(default=False, metadata={"help": "a switch"})
+    on: bool = field(default=True, metadata={"help": "on by default"})
+    mode: Literal["a", "b"] = field(default="a", metadata={"help": "100% a or b"})
+    scale: Literal["group", "none"] | None = field(default=None, metadata={"help": "None: derived"})
+    threads: Literal["auto"] | int | None = field(default="auto", metadata={"help": "threads"})
+    count: int | None = field(default=3, metadata={"help": "a count"})
+    rate: float = field(default=0.5, metadata={"help": "a rate"})
+    names: list[str] | None = field(default=None, metadata={"help": "repeatable"})
+    some_name: str = field(default="x", metadata={"help": "a name"})
+
+
+def toy_parser() -> DataclassArgumentParser:
+    p = DataclassArgumentParser(prog="toy", allow_abbrev=False)
+    p.add_dataclass(Toy, aliases={"rate": ("--lr",)}, defaults={"count": 7})
+    return p
+
+
+def test_values_from_the_command_line_by_type() -> None:
+    parse = toy_parser().parse
+    assert parse([]).values == {
+        "flag": False, "on": True, "mode": "a", "scale": None, "threads": "auto", "count": 7,
+        "rate": 0.5, "names": None, "some_name": "x",
+    }  # fmt: skip
+    v = parse(
+        ["--flag", "--no-on", "--mode", "b", "--count", "none", "--lr", "1e-3", "--some_name", "y"]
+    ).values
+    assert (v["flag"], v["on"], v["mode"], v["count"], v["rate"], v["some_name"]) == (
+        True,
+        False,
+        "b",
+        None,
+        1e-3,
+        "y",
+    )
+    v = parse(["--flag", "false", "--on", "yes"]).values
+    assert (v["flag"], v["on"]) == (False, True)
+    assert parse(["--threads", "4"]).values["threads"] == 4
+    assert parse(["--threads", "none"]).values["threads"] is None
+    # a Literal that has 'none' keeps it; None is then spelled 'null'
+    assert parse(["--scale", "none"]).values["scale"] == "none"
+    assert parse(["--scale", "null"]).values["scale"] is None
+    assert parse(["--names", "a", "--names", "b"]).values["names"] == ["a", "b"]
+    assert parse(["--flag"]).explicit == {"flag"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--mode", "c"], "argument --mode: expected 'a' or 'b', got 'c'"),
+        (["--count", "1.5"], "argument --count: expected an integer or none, got '1.5'"),
+        (["--flag", "maybe"], "expected true or false"),
+        (["--no-flag", "true"], "--no-flag takes no value"),
+        (["--rat", "1"], "--rat: did you mean --rate"),
+    ],
+)
+def test_bad_command_lines_exit_2_with_the_reason(argv: list[str], message: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(message)) as e:
+        toy_parser().parse(argv)
+    assert e.value.code == 2
+
+
+def test_config_file_values_are_typed_and_the_command_line_wins(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("lr: 1e-6\nsome-name: z\nnames: one\nthreads: 2\nflag: true\nscale: null\n")
+    parsed = toy_parser().parse(["--config", str(cfg), "--names", "two", "--names", "three"])
+    v = parsed.values
+    assert v["rate"] == 1e-6  # YAML reads 1e-6 as a string; the option's type makes it a float
+    assert (v["some_name"], v["threads"], v["flag"], v["scale"]) == ("z", 2, True, None)
+    assert v["names"] == ["two", "three"]  # a list on the command line replaces the file's
+    assert parsed.explicit == {"rate", "some_name", "names", "threads", "flag", "scale"}
+    assert parsed.file == str(cfg)
+
+
+def test_unknown_and_repeated_file_keys_are_refused(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"rat": 1, "zzz": 2}))
+    with pytest.raises(UsageError, match=r"'rat' \(did you mean rate\?\), 'zzz'\. Valid: .*some_name"):
+        toy_parser().parse(["--config", str(cfg)])
+    cfg.write_text(json.dumps({"rate": 1, "lr": 2}))
+    with pytest.raises(UsageError, match="gives 'rate' twice"):
+        toy_parser().parse(["--config", str(cfg)])
+    with pytest.raises(ValueError, match=r"k: expected 'a' or 'b', got 3 \(int\)"):
+        coerce_value("k", 3, Literal["a", "b"])
+
+
+# ---- grpo-train -----------------------------------------------------------------------------------
+def option_lines(help_text: str) -> list[list[str]]:
+    """The option strings of each option of a --help text (its invocation lines)."""
+    lines = []
+    for line in help_text.splitlines():
+        m = re.match(r"^  (-[-\w]+(?:(?: [^,\s]+)?, -[-\w]+)*)", line)
+        if m:
+            lines.append(re.findall(r"--?[\w][-\w]*", m.group(1)))
+    return lines
+
+
+def test_help_lists_every_knob_once() -> None:
+    """Each GRPOConfig field (a field added later too), each option of the command and each of
+    seed 003's flags is on exactly one option line of --help, and no flag is on two."""
+    from grpo.llm.cli import _OPTION_GROUPS, build_parser
+
+    text = build_parser().format_help()
+    flags = [f for line in option_lines(text) for f in line]
+    assert len(flags) == len(set(flags)), sorted({f for f in flags if flags.count(f) > 1})
+    fields = [f.name for f in dataclasses.fields(GRPOConfig)]
+    fields += [f.name for _, cls in _OPTION_GROUPS for f in dataclasses.fields(cls)]
+    for name in fields:
+        assert flags.count("--" + name.replace("_", "-")) == 1, name
+    for flag in [*SEED_003_FLAGS, "--recipe", "--resume", "--fsdp", "--deepspeed", "--config"]:
+        assert flags.count(flag) == 1, flag
+    lines = option_lines(text)
+    assert ["--kl-coeff", "--kl-coef"] in lines  # an alias is a spelling of the same option
+    assert ["--fsdp", "--no-fsdp"] in lines
+
+
+def test_seed_flags_are_the_config_fields_and_defaults_stay() -> None:
+    from grpo.llm.cli import build_config, parse_args
+
+    base = ["--model-name", "m", "--dataset", "d.jsonl"]
+    args = parse_args(base)
+    assert (args.num_generations, args.kl_coef, args.clip_range, args.save_steps) == (4, 0.04, 0.2, 500)
+    assert (args.batch_size, args.learning_rate, args.num_epochs, args.warmup_steps) == (4, 1e-6, 1, 0)
+    assert (args.device, args.seed, args.max_grad_norm, args.temperature) == ("auto", 0, 1.0, 0.7)
+    args = parse_args(
+        [*base, "--num-generations", "3", "--kl-coef", "0.1", "--clip-range", "0.3", "--save-steps", "0",
+         "--gradient-accumulation-steps", "2", "--fsdp", "--deepspeed", "off", "--max-grad-norm", "none"]
+    )  # fmt: skip
+    config = build_config(args)
+    assert (config.group_size, config.kl_coeff, config.clip_epsilon) == (3, 0.1, 0.3)
+    assert (config.checkpoint_freq, config.micro_batch_size, config.fsdp, config.deepspeed) == (
+        None,
+        2,
+        True,
+        "off",
+    )
+    assert config.max_grad_norm is None
+
+
+def test_recipe_then_explicit_options_win(tmp_path: Path) -> None:
+    from grpo.llm.cli import build_config, parse_args
+
+    base = ["--model-name", "m", "--dataset", "d.jsonl"]
+    dapo = build_config(
+        parse_args([*base, "--recipe", "dapo", "--batch-size", "4", "--mini-batch-size", "2"])
+    )
+    assert dapo.recipe_name == "dapo"
+    assert (dapo.clip_epsilon_high, dapo.drop_zero_variance_groups, dapo.kl_coeff) == (0.28, True, 0.0)
+    assert dapo.group_size == 16  # the recipe's, over this command's default of 4
+    assert (dapo.batch_size, dapo.mini_batch_size) == (4, 2)  # explicit options win
+    dr = build_config(parse_args([*base, "--recipe", "dr_grpo", "--max-new-tokens", "64"]))
+    assert dr.loss_normaliser == 64.0  # Dr. GRPO's constant: the generation budget
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("recipe: cispo\npolicy_loss: gspo\nclip-epsilon: 0.001\nkl_coef: 0.02\n")
+    from_file = build_config(parse_args([*base, "--config", str(cfg), "--kl-coeff", "0.03"]))
+    assert (from_file.recipe_name, from_file.policy_loss, from_file.clip_epsilon) == ("cispo", "gspo", 0.001)
+    assert from_file.kl_coeff == 0.03
+    with pytest.raises(SystemExit, match=r"mini_batch_size=32 .*--recipe dapo set"):
+        parse_args([*base, "--recipe", "dapo", "--batch-size", "4"])
+    with pytest.raises(SystemExit, match="invalid choice: 'dappo'"):
+        parse_args([*base, "--recipe", "dappo"])
+
+
+def test_unknown_keys_and_bad_values_name_the_fix(tmp_path: Path) -> None:
+    from grpo.llm.cli import parse_args
+
+    base = ["--model-name", "m", "--dataset", "d.jsonl"]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("beta: 0.1\nloss-type: dr_grpo\n")
+    with pytest.raises(SystemExit, match=r"'beta' \(did you mean kl_coeff\?\), 'loss_type' \(did you mean"):
+        parse_args([*base, "--config", str(cfg)])
+    with pytest.raises(SystemExit, match=r"--beta: did you mean --kl-coeff\?"):
+        parse_args([*base, "--beta", "0.1"])
+    with pytest.raises(SystemExit, match=r"GRPOConfig.clip_epsilon=1.5 is not allowed"):
+        parse_args([*base, "--clip-range", "1.5"])
+    with pytest.raises(SystemExit, match="set the same thing"):
+        parse_args([*base, "--gradient-accumulation-steps", "2", "--micro-batch-size", "2"])
+
+
+# ---- runs on a tiny model -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("transformers")
+    from tests.llm_helpers import build_model, build_tokenizer
+
+    d = tmp_path_factory.mktemp("cli_args")
+    tok = build_tokenizer(d / "model")
+    build_model(d / "model", tok)
+    with open(d / "data.jsonl", "w") as f:
+        for i in range(6):
+            f.write(json.dumps({"q": f"{i}+1=", "answer": str(i + 1)}) + "\n")
+    return d
+
+
+def run_args(setup: Path, out: Path, *more: str) -> list[str]:
+    return [
+        "--model-name", str(setup / "model"), "--dataset", str(setup / "data.jsonl"), "--prompt-column", "q",
+        "--batch-size", "2", "--num-generations", "3", "--max-new-tokens", "3", "--device", "cpu",
+        "--output-dir", str(out), "--no-progress", "--logging-steps", "1", "--learning-rate", "0.05",
+        "--reward", f"{Path(__file__).with_name('llm_distributed_toys.py')}:char_score", *more,
+    ]  # fmt: skip
+
+
+def test_dapo_run_from_the_command_line(setup: Path, tmp_path: Path) -> None:
+    from grpo.llm.cli import main
+
+    out = tmp_path / "dapo"
+    assert main(run_args(setup, out, "--recipe", "dapo", "--mini-batch-size", "1", "--max-steps", "2")) == 0
+    state = json.loads((out / "final_model" / "trainer_state.json").read_text())
+    args = state["args"]
+    assert (args["recipe_name"], args["clip_epsilon_high"], args["kl_coeff"], args["group_size"]) == (
+        "dapo", 0.28, 0.0, 3,
+    )  # fmt: skip
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1.0, 2.0]
+    assert all("advantage/frac_dropped_groups" in m for m in lines)  # DAPO's dynamic-sampling filter
+    assert all(m["kl/ref"] == 0.0 for m in lines)  # no KL term: no reference model
+
+
+def test_resumed_run_equals_the_uninterrupted_run_bitwise(setup: Path, tmp_path: Path) -> None:
+    """4 steps in one run against 2 steps, then --resume to 4 (the data position, optimizer and RNG
+    streams come from the checkpoint): the same weights bit for bit and the same step records."""
+    from safetensors.torch import load_file
+
+    from grpo.llm.cli import main
+
+    common = ["--kl-coef", "0.1", "--save-steps", "2", "--seed", "3"]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert main(run_args(setup, whole, *common, "--max-steps", "4")) == 0
+    assert main(run_args(setup, parts, *common, "--max-steps", "2")) == 0
+    with pytest.raises(SystemExit, match="no complete trainer checkpoint"):
+        main(run_args(setup, tmp_path / "empty", *common, "--max-steps", "4", "--resume"))
+    assert main(run_args(setup, parts, *common, "--max-steps", "4", "--resume")) == 0
+
+    a = load_file(whole / "final_model" / "model.safetensors")
+    b = load_file(parts / "final_model" / "model.safetensors")
+    base = load_file(setup / "model" / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert all(a[k].equal(b[k]) for k in a)
+    assert any(not a[k].equal(base[k]) for k in a)  # it trained
+    records = [
+        [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (whole, parts)
+    ]
+    assert [r["step"] for r in records[1]] == [1.0, 2.0, 3.0, 4.0]  # the resumed run appends
+    for key in ("reward/mean", "loss/total", "kl/ref", "grad/norm", "optim/lr"):
+        assert [r[key] for r in records[0]] == [r[key] for r in records[1]], key
+    assert sorted(p.name for p in (parts / "checkpoints").glob("step-*")) == [
+        "step-00000002",
+        "step-00000004",
+    ]
