@@ -21,6 +21,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import os
 import sys
 import tempfile
 from collections.abc import Callable
@@ -35,13 +36,20 @@ sys.path.insert(0, str(ROOT))
 logger = logging.getLogger("bitwise_check")
 
 
+def skipped_keys() -> tuple[str, ...]:
+    """Metric-key prefixes left out of the digest (``--skip-keys``; also seen by the worker
+    processes of the distributed scenarios): keys a later version added to ``step()``."""
+    return ("time/", *filter(None, os.environ.get("BITWISE_SKIP_KEYS", "").split(",")))
+
+
 def digest(weights: dict[str, torch.Tensor], history: list[dict[str, float]]) -> str:
     h = hashlib.sha256()
+    skip = skipped_keys()
     for name in sorted(weights):
         h.update(name.encode())
         h.update(weights[name].detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     for metrics in history:
-        kept = {k: repr(float(v)) for k, v in sorted(metrics.items()) if not k.startswith("time/")}
+        kept = {k: repr(float(v)) for k, v in sorted(metrics.items()) if not k.startswith(skip)}
         h.update(json.dumps(kept, sort_keys=True).encode())
     return h.hexdigest()
 
@@ -165,7 +173,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the digests here (JSON)")
     parser.add_argument("--compare", type=Path, help="compare with digests written by --out")
     parser.add_argument("--only", nargs="*", choices=sorted(SCENARIOS), help="run only these")
+    parser.add_argument(
+        "--skip-keys",
+        nargs="*",
+        default=[],
+        metavar="PREFIX",
+        help="leave metric keys with these prefixes out (keys added since --out was written)",
+    )
     args = parser.parse_args(argv)
+    os.environ["BITWISE_SKIP_KEYS"] = ",".join(args.skip_keys)
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
     results = {name: SCENARIOS[name]() for name in (args.only or SCENARIOS)}

@@ -82,7 +82,10 @@ class ValueBaseline(StatelessReward):
 
         torch.manual_seed(seed + 10_000)
         self.net = torch.nn.Sequential(
-            torch.nn.Linear(obs_dim, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
+            torch.nn.Linear(obs_dim, 64),
+            torch.nn.Tanh(),
+            torch.nn.Linear(64, 64),
+            torch.nn.Tanh(),
             torch.nn.Linear(64, 1),
         )
         self.opt = torch.optim.Adam(self.net.parameters(), lr=1e-3)
