@@ -52,6 +52,8 @@ from grpo.runtime import moved_modules as _moved_modules
 from grpo.state.checkpoint import CheckpointError, find_latest_checkpoint
 from grpo.trainer import GRPOTrainer
 from grpo.training.callbacks import Callback, EarlyStopping
+from grpo.training.completions_table import CompletionsTable
+from grpo.training.evaluation import EvalOptions
 from grpo.training.loop import TrainState
 from grpo.training.stall_watch import StallWarning, StallWatch
 
@@ -67,8 +69,10 @@ __all__ = [
     "Callback",
     "CheckpointError",
     "CombinedReward",
+    "CompletionsTable",
     "DistributionPolicy",
     "EarlyStopping",
+    "EvalOptions",
     "ExperienceBatch",
     "ExperienceCollector",
     "FunctionReward",

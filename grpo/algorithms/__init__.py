@@ -8,6 +8,7 @@
 * `grpo.algorithms.objective_statistics`: the objective's statistics from its per-step values
 * `grpo.algorithms.advantages`: advantage variants (baselines, scales, per-step returns)
 * `grpo.algorithms.recipes`: named recipes of published settings (`GRPOConfig.recipe`)
+* `grpo.algorithms.pass_at_k`: unbiased pass@k and maj@k from n samples per problem
 
 The front doors that compose them are `grpo.grpo_objective` and `grpo.advantage_estimator`.
 """

@@ -1,20 +1,26 @@
-"""grpo.llm: the Hugging Face path — a causal-LM policy, reward helpers, prompt data, a CLI.
+"""grpo.llm: the Hugging Face path — a causal-LM policy, reward helpers, prompt data, model
+checkpoints, a CLI.
 
 Needs the ``llm`` extra (``pip install 'torch-grpo[llm]'``, or ``pip install -e '.[llm]'`` in a
 checkout: transformers, peft, accelerate, safetensors, datasets, pyyaml, tqdm). ``import grpo``
 never imports this package.
 
     from grpo import GRPOConfig, GRPOTrainer
-    from grpo.llm import CausalLMPolicy, RewardFunctions, exact_match_reward, PromptDataset
+    from grpo.llm import (CausalLMPolicy, PromptDataset, RewardFunctions, exact_match_reward,
+                          format_reward, save_llm_checkpoint)
 
     policy = CausalLMPolicy(model, tokenizer, max_new_tokens=256, temperature=0.7)
     reward = RewardFunctions({"correct": exact_match_reward(), "format": format_reward()})
-    trainer = GRPOTrainer(GRPOConfig(group_size=8, kl_coeff=0.0), policy, reward,
-                          reference_policy=policy.reference_policy())
-    for batch in PromptDataset.from_jsonl("train.jsonl").batches(8):
+    trainer = GRPOTrainer(GRPOConfig(group_size=8, kl_coeff=0.04), policy, reward)
+    for batch in PromptDataset.load("train.jsonl").batches(8):  # also parquet, csv, a Dataset
         metrics = trainer.step(batch)
+    save_llm_checkpoint(trainer, "final_model")  # LoRA: the adapter only
 
-See docs/llm.md.
+The KL reference needs no argument: a LoRA policy offers its model with the adapter disabled
+(`DisabledAdapterReference`, no second copy) or, with ``use_separate_reference_adapter=True``, a
+frozen second adapter (`SeparateAdapterReference`); for full fine-tuning the trainer keeps a
+frozen copy. Reward functions may follow grpo's positional convention or TRL's keyword one
+(`reward_signature`). See docs/llm.md.
 """
 
 from __future__ import annotations
@@ -29,17 +35,21 @@ except ImportError as _e:  # pragma: no cover - exercised in a subprocess test
         f"Install the LLM extra: {_install_hint('llm')}"
     ) from _e
 
-from grpo.llm.data import PromptDataset, prompt_text
+from grpo.llm.checkpoint import LoadedCheckpoint, load_llm_checkpoint, save_llm_checkpoint
+from grpo.llm.data import PromptBatches, PromptDataset, ShuffledRecords, prompt_text
 from grpo.llm.logprobs import chunked_token_logprobs, naive_token_logprobs
+from grpo.llm.lora import SeparateAdapterReference
 from grpo.llm.policy import CausalLMPolicy, Completion, DisabledAdapterReference
 from grpo.llm.rewards import (
     RewardFunctions,
+    RewardSignature,
     after_marker,
     boxed_answer,
     exact_match_reward,
     format_reward,
     last_number,
     overlong_penalty,
+    reward_signature,
     tag_content,
 )
 
@@ -47,16 +57,24 @@ __all__ = [
     "CausalLMPolicy",
     "Completion",
     "DisabledAdapterReference",
+    "LoadedCheckpoint",
+    "PromptBatches",
     "PromptDataset",
     "RewardFunctions",
+    "RewardSignature",
+    "SeparateAdapterReference",
+    "ShuffledRecords",
     "after_marker",
     "boxed_answer",
     "chunked_token_logprobs",
     "exact_match_reward",
     "format_reward",
     "last_number",
+    "load_llm_checkpoint",
     "naive_token_logprobs",
     "overlong_penalty",
     "prompt_text",
+    "reward_signature",
+    "save_llm_checkpoint",
     "tag_content",
 ]
