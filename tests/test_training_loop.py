@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from grpo.metrics import metric
 from grpo.metrics.sinks import JSONLSink, read_jsonl
 from grpo.rollout.reward_guard import RewardTimeoutError
 from grpo.training.callbacks import Callback
@@ -278,6 +279,12 @@ def test_every_glossary_key_is_in_every_jsonl_line(tmp_path: Path) -> None:
     assert [line["step"] for line in lines] == [1.0, 2.0, 3.0]
 
 
+def declared_name(key: str) -> str:
+    """The glossary's name of a logged key (``eval/pass@4`` -> ``eval/pass@<k>``)."""
+    found = metric(key)
+    return key if found is None else found.name
+
+
 def test_optional_glossary_keys_appear_exactly_when_their_option_is_on() -> None:
     optional = set(glossary_keys(optional=True))
     assert optional == {
@@ -289,13 +296,16 @@ def test_optional_glossary_keys_appear_exactly_when_their_option_is_on() -> None
         "optim/adaptive_lr",
         "restart/reward_shift",
         "restart/given_back",
+        "eval/pass@<k>",
+        "eval/maj@<k>",
     }
     always = set(glossary_keys())
     on = make_trainer(
         drop_zero_variance_groups=True, invalid_rewards="drop_groups", sampler_is_cap=2.0,
         adaptive_lr_kl=0.01, num_epochs_per_update=2, reward_shift_z=4.0,
     )  # fmt: skip
-    logged = set(on.step(bandit_states(4))) | set(on.evaluate(bandit_states(4)))
+    evaluated = on.evaluate(bandit_states(4), ks=(1, 2), answer=int)
+    logged = {declared_name(k) for k in set(on.step(bandit_states(4))) | set(evaluated)}
     assert optional <= logged
     assert logged - always - optional == set(), "logged keys missing from docs/metrics.md"
     plain = make_trainer()

@@ -57,7 +57,7 @@ Section = Literal["step", "train", "eval", "optional", "llm"]
 
 @dataclass(frozen=True)
 class Metric:
-    """One logged metric: ``name`` (``<component>`` stands for a reward component's name),
+    """One logged metric: ``name`` (``<component>`` stands for a reward component's name, ``<k>`` for a k),
     ``reduce`` (see the module docstring), ``section`` of the glossary and ``help``."""
 
     name: str
@@ -295,6 +295,22 @@ METRICS: tuple[Metric, ...] = (
         "left out of every `eval/reward/*` value because a reward in them was NaN, inf or None.",
     ),
     _m(
+        "eval/pass@<k>",
+        "samples",
+        "optional",
+        "With `ks` (`EvalOptions`), on evaluation records: unbiased pass@k, "
+        "1 - C(n-c, k)/C(n, k) per state (c correct of n = the evaluation group size; correct: "
+        "reward >= `success_threshold`), averaged over the states (`grpo.algorithms.pass_at_k`).",
+    ),
+    _m(
+        "eval/maj@<k>",
+        "samples",
+        "optional",
+        "With `ks` and `answer`, on evaluation records: unbiased maj@k, the chance that the "
+        "majority answer of k of the n samples is correct (ties split evenly, samples without an "
+        "answer do not vote), averaged over the states.",
+    ),
+    _m(
         "sampler/is_weight_mean",
         "valid_steps",
         "optional",
@@ -335,15 +351,23 @@ METRICS: tuple[Metric, ...] = (
 """Every metric, in glossary order."""
 
 _BY_NAME = {m.name: m for m in METRICS}
-_PATTERNS = [
-    (re.compile("^" + re.escape(m.name).replace(re.escape("<component>"), "[^/]+") + "$"), m)
-    for m in METRICS
-    if "<component>" in m.name
-]
+_PLACEHOLDERS = {"<component>": "[^/]+", "<k>": "[0-9]+"}
+
+
+def _pattern(name: str) -> re.Pattern[str]:
+    """``name`` with each placeholder (`_PLACEHOLDERS`) as the regex of what it stands for."""
+    regex = re.escape(name)
+    for placeholder, what in _PLACEHOLDERS.items():
+        regex = regex.replace(re.escape(placeholder), what)
+    return re.compile(f"^{regex}$")
+
+
+_PATTERNS = [(_pattern(m.name), m) for m in METRICS if any(p in m.name for p in _PLACEHOLDERS)]
 
 
 def metric(name: str) -> Metric | None:
-    """The declaration of ``name`` (a component name matches its ``<component>`` pattern), or None
+    """The declaration of ``name`` (a component name matches its ``<component>`` pattern, a k its
+    ``<k>``), or None
     for a name the library does not log (e.g. statistics of a user's ``advantage_fn``)."""
     found = _BY_NAME.get(name)
     if found is not None:
@@ -474,7 +498,7 @@ step" values are averaged over the `optimizer_steps_per_step` optimizer steps.
 
 A name with `<component>` stands for one entry per named reward of a
 [`CombinedReward`](api.md#grpo.reward_model_base.CombinedReward); it is absent with a single
-reward.
+reward. A name with `<k>` stands for one entry per k of the evaluation's `ks`.
 
 The "across processes" column says how the values of several processes (torchrun) combine into
 the one every process returns: `samples` / `groups` / `valid_steps` = mean weighted by that count,
