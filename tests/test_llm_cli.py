@@ -71,9 +71,27 @@ def test_full_finetune_writes_loadable_checkpoints(setup: Path, tmp_path: Path) 
     )
 
 
-def test_lora_writes_adapter_loadable_with_peft(setup: Path, tmp_path: Path) -> None:
+def test_lora_writes_adapter_loadable_with_peft(
+    setup: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--lora with a KL term: the reference is the policy's model with its adapter disabled (no
+    tensor of its own, no copy); the final model is the adapter alone, loadable with PEFT."""
     peft = pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM
+
+    import grpo.llm.cli as cli
+    from grpo.llm import DisabledAdapterReference
+
+    made: list[Any] = []
+
+    class Recorded(cli.GRPOTrainer):  # type: ignore[misc,name-defined]
+        """The real trainer, recorded."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(cli, "GRPOTrainer", Recorded)
 
     cfg = tmp_path / "cfg.json"
     cfg.write_text(
@@ -114,6 +132,12 @@ def test_lora_writes_adapter_loadable_with_peft(setup: Path, tmp_path: Path) -> 
             "--no-progress",
         ]
     )
+    (trainer,) = made
+    reference = trainer.reference_policy
+    assert isinstance(reference, DisabledAdapterReference)
+    assert reference.policy is trainer.policy
+    assert reference.get_parameters() == {}  # no weights of its own
+    assert not [v for v in vars(reference).values() if isinstance(v, torch.nn.Module)]  # no model copy
     final = out / "final_model"
     assert (final / "adapter_model.safetensors").exists()
     assert not (final / "model.safetensors").exists()
@@ -121,7 +145,8 @@ def test_lora_writes_adapter_loadable_with_peft(setup: Path, tmp_path: Path) -> 
     model = peft.PeftModel.from_pretrained(base, str(final))
     assert any("lora_A" in n for n, _ in model.named_parameters())
     (logged,) = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert 0 < logged["lr"] < 0.05  # --warmup-steps 2: still warming up after one step
+    assert logged["optim/lr"] == pytest.approx(0.05 / 3)  # --warmup-steps 2: step 0 uses lr * 1 / 3
+    assert logged["kl/ref"] >= 0.0
 
 
 def test_lora_runs_with_the_same_seed_are_identical(setup: Path, tmp_path: Path) -> None:
@@ -251,7 +276,8 @@ def test_logging_steps_bar_wandb_checkpoints_and_appended_metrics(
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [2.0, 3.0]
     for m in lines:
-        assert {"optim/lr", "throughput/samples_per_s", "lr", "reward/exact_match/applicable"} <= set(m)
+        assert {"optim/lr", "throughput/samples_per_s", "reward/exact_match/applicable"} <= set(m)
+        assert "lr" not in m  # optim/lr (step()'s) is the learning rate
         assert m["completion/mean_length"] == pytest.approx(m["completion/tokens"] / 4)
         assert m["throughput/tokens_per_s"] == pytest.approx(m["completion/tokens"] / m["time/step"])
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [

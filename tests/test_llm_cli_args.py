@@ -7,9 +7,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 
@@ -112,6 +113,45 @@ def test_unknown_and_repeated_file_keys_are_refused(tmp_path: Path) -> None:
         coerce_value("k", 3, Literal["a", "b"])
 
 
+@dataclass(frozen=True)
+class Sampling:
+    group_size: int | None = field(default=None, metadata={"help": "samples"})
+    ks: Sequence[int] = field(default=(), metadata={"help": "the k"})
+
+
+def test_prefixed_dataclass_lists_of_several_values_and_file_translation(tmp_path: Path) -> None:
+    """prefix= puts a dataclass's options under a name space (the same field name twice, no
+    clash); list and Sequence fields take several values after one flag, or the flag repeated;
+    translate= rewrites a file's keys before they are checked."""
+
+    def translate(raw: dict[str, Any]) -> dict[str, Any]:
+        if raw.get("old_rate") == "bad":
+            raise ValueError("old_rate='bad' is not allowed")
+        return {("rate" if k == "old_rate" else k): v for k, v in raw.items()}
+
+    p = DataclassArgumentParser(prog="toy", allow_abbrev=False, translate=translate)
+    p.add_dataclass(Toy)
+    assert p.add_dataclass(Sampling, prefix="eval_") == ["eval_group_size", "eval_ks"]
+    assert p.add_dataclass(Sampling, prefix="train_", exclude=("ks",)) == ["train_group_size"]
+    parsed = p.parse(
+        ["--eval-ks", "1", "4", "--eval-ks", "2", "--train-group-size", "3", "--names", "a", "b"]
+    )
+    assert parsed.values["eval_ks"] == [1, 4, 2]
+    assert parsed.values["names"] == ["a", "b"]
+    assert parsed.for_dataclass(Sampling, prefix="eval_") == {"group_size": None, "ks": [1, 4, 2]}
+    assert parsed.for_dataclass(Sampling, prefix="train_", explicit_only=True) == {"group_size": 3}
+    assert "--eval-group-size INT|none" in p.format_help()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("old_rate: 0.25\neval-ks: 8\n")
+    v = p.parse(["--config", str(cfg)]).values
+    assert (v["rate"], v["eval_ks"]) == (0.25, [8])
+    cfg.write_text("old_rate: bad\n")
+    with pytest.raises(UsageError, match=r"config file '.*c\.yaml': old_rate='bad' is not allowed"):
+        p.parse(["--config", str(cfg)])
+    with pytest.raises(ValueError, match=r"prefix='-x'"):
+        p.add_dataclass(Sampling, prefix="-x")
+
+
 # ---- grpo-train -----------------------------------------------------------------------------------
 def option_lines(help_text: str) -> list[list[str]]:
     """The option strings of each option of a --help text (its invocation lines)."""
@@ -131,8 +171,11 @@ def test_help_lists_every_knob_once() -> None:
     text = build_parser().format_help()
     flags = [f for line in option_lines(text) for f in line]
     assert len(flags) == len(set(flags)), sorted({f for f in flags if flags.count(f) > 1})
+    from grpo.training.evaluation import EvalOptions
+
     fields = [f.name for f in dataclasses.fields(GRPOConfig)]
     fields += [f.name for _, cls in _OPTION_GROUPS for f in dataclasses.fields(cls)]
+    fields += ["eval_" + f.name for f in dataclasses.fields(EvalOptions)]  # --eval-answer included
     for name in fields:
         assert flags.count("--" + name.replace("_", "-")) == 1, name
     for flag in [*SEED_003_FLAGS, "--recipe", "--resume", "--fsdp", "--deepspeed", "--config"]:
@@ -212,7 +255,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.llm_helpers import build_model, build_tokenizer
 
     d = tmp_path_factory.mktemp("cli_args")
-    tok = build_tokenizer(d / "model")
+    tok = build_tokenizer(d / "model", chat_template=True)  # string prompts stay raw
     build_model(d / "model", tok)
     with open(d / "data.jsonl", "w") as f:
         for i in range(6):
@@ -276,3 +319,197 @@ def test_resumed_run_equals_the_uninterrupted_run_bitwise(setup: Path, tmp_path:
         "step-00000002",
         "step-00000004",
     ]
+
+
+# ---- the flags of evaluation, rewards, generation and outputs ----------------------------------
+def test_new_flags_parse_and_are_checked_before_any_model_loads() -> None:
+    from grpo.llm.cli import build_eval_options, build_rewards, parse_args
+    from grpo.llm.rewards import last_number
+
+    base = ["--model-name", "m", "--dataset", "d.jsonl"]
+    args = parse_args(
+        [*base, "--eval-dataset", "e.jsonl", "--eval-every", "5", "--eval-ks", "1", "4",
+         "--eval-group-size", "4", "--eval-temperature", "0.6", "--eval-batch-size", "2",
+         "--eval-answer", "last_number",
+         "--eval-success-threshold", "0.5", "--eval-success-component", "exact_match",
+         "--reward-convention", "trl", "--min-new-tokens", "2", "--max-model-len", "128",
+         "--use-separate-reference-adapter", "--log-completions-every", "3"]
+    )  # fmt: skip
+    assert (args.eval_dataset, args.eval_every, args.reward_convention) == ("e.jsonl", 5, "trl")
+    assert (args.min_new_tokens, args.max_model_len, args.use_separate_reference_adapter) == (2, 128, True)
+    assert args.log_completions_every == 3
+    options = build_eval_options(args)
+    assert options is not None
+    assert (options.group_size, options.temperature, options.batch_size, options.ks) == (4, 0.6, 2, (1, 4))
+    assert (options.answer, options.success_threshold, options.success_component) == (
+        last_number,
+        0.5,
+        "exact_match",
+    )
+    trl = Path(__file__).parent / "data" / "trl_style_rewards.py"
+    fns = [f"{trl}:echo_prompt_reward", "exact_match"]  # f(prompts, completions, **kwargs): auto reads grpo
+    for convention, want in (("auto", "grpo"), ("trl", "trl")):
+        rewards = build_rewards(parse_args([*base, "--reward", *fns, "--reward-convention", convention]))
+        assert rewards.signatures["echo_prompt_reward"].convention == want
+        assert rewards.signatures["exact_match"].convention == "grpo"  # the ready rewards keep theirs
+    plain = parse_args(base)
+    assert build_eval_options(plain) is None
+    assert (plain.reward_convention, plain.min_new_tokens, plain.max_model_len) == ("auto", 0, None)
+    assert (plain.use_separate_reference_adapter, plain.log_completions_every) == (False, None)
+    bad = {
+        "--eval-dataset needs --eval-every N too": ["--eval-dataset", "e.jsonl"],
+        "--eval-every needs --eval-dataset PATH too": ["--eval-every", "2"],
+        r"--eval-ks, --eval-temperature set how to evaluate, but no --eval-dataset": [
+            "--eval-ks", "2", "--eval-temperature", "1.0",
+        ],
+        r"evaluation ks=\[8\] holds k=\[8\] larger than the evaluation group size 4": [
+            "--eval-dataset", "e.jsonl", "--eval-every", "1", "--eval-ks", "8",
+        ],
+        r"unknown --eval-answer 'after:'; use last_number, boxed, after:MARKER": [
+            "--eval-dataset", "e.jsonl", "--eval-every", "1", "--eval-ks", "2", "--eval-answer", "after:",
+        ],
+        r"evaluation answer= is given but ks is empty": [
+            "--eval-dataset", "e.jsonl", "--eval-every", "1", "--eval-answer", "boxed",
+        ],
+        r"unknown --answer-extractor 'box'": ["--answer-extractor", "box"],
+        r"--eval-every=0 must be >= 1": ["--eval-dataset", "e.jsonl", "--eval-every", "0"],
+        r"argument --reward-convention: expected 'auto', 'grpo' or 'trl', got 'tlr'": [
+            "--reward-convention", "tlr",
+        ],
+    }  # fmt: skip
+    for message, more in bad.items():
+        with pytest.raises(SystemExit, match=message):
+            parse_args([*base, *more])
+
+
+def test_seed_001_names_in_a_config_file_are_translated(tmp_path: Path) -> None:
+    """adv_norm and use_kl_advantage_shaping (seed 001's GRPOConfig keywords) are accepted in
+    --config files, through grpo.config.translate_seed_keywords (the one translation)."""
+    from grpo.llm.cli import build_config, parse_args
+
+    base = ["--model-name", "m", "--dataset", "d.jsonl", "--config"]
+    cfg = tmp_path / "seed.yaml"
+    cfg.write_text("adv_norm: mean_only\nuse-kl-advantage-shaping: true\nkl_coef: 0.05\n")
+    config = build_config(parse_args([*base, str(cfg)]))
+    assert (config.advantage_scale, config.kl_penalty, config.kl_coeff) == ("none", "advantage", 0.05)
+    cfg.write_text("adv_norm: mean_std\nuse_kl_advantage_shaping: false\n")
+    config = build_config(parse_args([*base, str(cfg)]))
+    assert (config.advantage_scale, config.kl_penalty) == ("group", "loss")
+    cfg.write_text("adv_norm: mean_only\nadvantage_scale: group\n")
+    with pytest.raises(SystemExit, match=r"adv_norm='mean_only' means advantage_scale='none', but"):
+        parse_args([*base, str(cfg)])
+    cfg.write_text("adv_norm: zscore\n")
+    with pytest.raises(SystemExit, match=r"seed\.yaml': GRPOConfig: adv_norm='zscore' is not allowed"):
+        parse_args([*base, str(cfg)])
+
+
+class TrainerSpy:
+    """Records the real `GRPOTrainer`s grpo-train builds (nothing replaced: a subclass)."""
+
+    @staticmethod
+    def install(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+        import grpo.llm.cli as cli
+
+        made: list[Any] = []
+
+        class Recorded(cli.GRPOTrainer):  # type: ignore[misc,name-defined]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                made.append(self)
+
+        monkeypatch.setattr(cli, "GRPOTrainer", Recorded)
+        return made
+
+
+REWARD_PROBES = """
+import json
+
+def record_state(completions, trainer_state, **kwargs):
+    with open({path!r}, "a") as f:
+        f.write(json.dumps([trainer_state.global_step, trainer_state.max_steps]) + "\\n")
+    return [0.0 for _ in completions]
+
+def only_train(completions, split, **kwargs):
+    return [1.0 if s == "train" else None for s in split]
+"""
+
+
+def chat_records(n: int, split: str) -> str:
+    rows = [
+        {"prompt": [{"role": "user", "content": f"{i}+1="}], "answer": str((i + 1) % 10), "split": split}
+        for i in range(n)
+    ]
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def test_trl_rewards_evaluation_and_completions_table_from_the_command_line(
+    setup: Path, tmp_path: Path
+) -> None:
+    """Chat prompts, rewards of tests/data/trl_style_rewards.py used unchanged (keyword-only
+    ``contains_answer``, ``reward_len_ids``) and reward probes that read ``trainer_state`` and a
+    column; --eval-every 1 with its own group size: every step's record in metrics.jsonl holds
+    eval/pass@k (written although --logging-steps is 5), pass@1 is the success rate of the
+    success component, and the reward counters are the training step's, not the evaluation's."""
+    from grpo.llm.cli import main
+
+    (tmp_path / "train.jsonl").write_text(chat_records(4, "train"))
+    (tmp_path / "eval.jsonl").write_text(chat_records(2, "eval"))
+    probes = tmp_path / "probes.py"
+    probes.write_text(REWARD_PROBES.format(path=str(tmp_path / "states.jsonl")))
+    trl = Path(__file__).parent / "data" / "trl_style_rewards.py"
+    out = tmp_path / "out"
+    argv = [
+        "--model-name", str(setup / "model"), "--dataset", str(tmp_path / "train.jsonl"),
+        "--batch-size", "2", "--num-generations", "3", "--max-new-tokens", "3", "--device", "cpu",
+        "--output-dir", str(out), "--no-progress", "--logging-steps", "5", "--max-steps", "2",
+        "--reward", f"{trl}:contains_answer", f"{trl}:reward_len_ids=0.1", f"{probes}:record_state",
+        f"{probes}:only_train", "--eval-dataset", str(tmp_path / "eval.jsonl"), "--eval-every", "1",
+        "--eval-ks", "1", "2", "--eval-group-size", "4", "--eval-answer", "last_number",
+        "--eval-success-component", "contains_answer", "--eval-temperature", "1.5",
+        "--log-completions-every", "2",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1.0, 2.0]  # step 1: written for its evaluation
+    for m in lines:
+        assert m["eval/pass@1"] == pytest.approx(m["eval/reward/contains_answer/mean"])
+        assert 0.0 <= m["eval/pass@1"] <= m["eval/pass@2"] <= 1.0
+        assert "eval/maj@2" in m
+        assert m["reward/only_train/applicable"] == 1.0  # the step's call (the evaluation's is 0)
+        assert m["throughput/tokens_per_s"] == pytest.approx(m["completion/tokens"] / m["time/step"])
+        assert m["completion/mean_length"] == pytest.approx(m["completion/tokens"] / 6)
+        assert "lr" not in m  # step()'s optim/lr is the one learning-rate key
+        assert m["optim/lr"] == 1e-6
+    states = [json.loads(x) for x in (tmp_path / "states.jsonl").read_text().splitlines()]
+    assert states == [[0, 2], [0, 2], [1, 2], [1, 2]]  # step 1, its evaluation, step 2, its evaluation
+    rows = [json.loads(x) for x in (out / "completions.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [2] * 6  # --log-completions-every 2: step 2's 2 x 3 samples
+    assert {"prompt", "completion", "reward/contains_answer", "reward", "advantage"} <= set(rows[0])
+    assert rows[0]["prompt"].startswith("user: ")
+
+
+def test_lora_with_a_separate_reference_adapter_and_generation_limits(
+    setup: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--use-separate-reference-adapter: the trainer's reference is the frozen adapter inside the
+    policy's model (no copy); --min-new-tokens holds every completion to at least 2 tokens; the
+    final model is the actor adapter alone (save_llm_checkpoint)."""
+    pytest.importorskip("peft")
+    from grpo.llm.cli import main
+    from grpo.llm.lora import SeparateAdapterReference
+
+    made = TrainerSpy.install(monkeypatch)
+    out = tmp_path / "out"
+    more = ["--lora", "--lora-r", "2", "--use-separate-reference-adapter", "--kl-coef", "0.1",
+            "--min-new-tokens", "2", "--max-model-len", "64", "--max-steps", "1"]  # fmt: skip
+    assert main(run_args(setup, out, *more)) == 0
+    (trainer,) = made
+    assert isinstance(trainer.reference_policy, SeparateAdapterReference)
+    assert trainer.reference_policy.policy is trainer.policy
+    (m,) = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert m["completion/min_length"] >= 2
+    assert m["kl/ref"] >= 0.0
+    final = out / "final_model"
+    assert (final / "adapter_model.safetensors").exists()
+    assert not (final / "reference").exists()  # the reference adapter is not saved
+    assert json.loads((final / "grpo_llm_checkpoint.json").read_text())["kind"] == "lora"

@@ -8,21 +8,28 @@ Every option is a dataclass field, declared once, with its help text in the fiel
 (`grpo.runtime.dataclass_args`): every `GRPOConfig` field (``--kl-coeff``, ``--policy-loss``,
 ``--fsdp``, ``--deepspeed``, ... a field added to `GRPOConfig` appears here by itself) and the
 command's own options below (`ModelOptions`, `DataOptions`, `GenerationOptions`,
-`RewardOptions`, `RunOptions`). Seed 003's flags are spellings of the same options
-(`SEED_FLAGS`: ``--num-generations`` = ``--group-size``, ``--kl-coef`` = ``--kl-coeff``, ...),
-and ``--recipe NAME`` = ``--recipe-name``. ``--config FILE`` reads any of them from YAML or JSON
-(keys with ``-`` or ``_``); a key that is no option is refused with the name it probably meant.
-Precedence: `GRPOConfig` defaults < this command's defaults (`CONFIG_DEFAULTS`) < the recipe <
-the config file < the command line.
+`RewardOptions`, `RunOptions`, `OutputOptions`, `EvaluationOptions`) and the fields of
+`grpo.training.evaluation.EvalOptions` as ``--eval-*`` (``--eval-group-size``, ``--eval-ks``,
+...). Seed 003's flags are spellings of the same options (`SEED_FLAGS`: ``--num-generations`` =
+``--group-size``, ``--kl-coef`` = ``--kl-coeff``, ...), and ``--recipe NAME`` = ``--recipe-name``.
+``--config FILE`` reads any of them from YAML or JSON (keys with ``-`` or ``_``; seed 001's
+``adv_norm`` and ``use_kl_advantage_shaping`` too, `grpo.config.translate_seed_keywords`); a key
+that is no option is refused with the name it probably meant. Precedence: `GRPOConfig` defaults
+< this command's defaults (`CONFIG_DEFAULTS`) < the recipe < the config file < the command line.
 
-Training runs on `GRPOTrainer.train` (`grpo.training.loop`): what the command adds to each step's
-record (the reward functions' counters, ``completion/*``, ``throughput/tokens_per_s``, ``lr``) and
-its model saves are callbacks; its outputs are metric sinks (`grpo.metrics.sinks`).
+Training runs on `GRPOTrainer.train` (`grpo.training.loop`): ``step()`` reports the completion
+lengths (``completion/*``) and ``optim/lr``; what the command adds to each step's record (the
+reward functions' counters, ``throughput/tokens_per_s``), its model saves and the completions
+table (``--log-completions-every``) are callbacks; its outputs are metric sinks
+(`grpo.metrics.sinks`). With ``--eval-dataset`` and ``--eval-every N`` the run evaluates every N
+steps (`grpo.training.evaluation.evaluate`: ``eval/reward/*``, ``eval/pass@k``, ``eval/maj@k``),
+and those steps' records reach every sink whatever ``--logging-steps`` is.
 
 Output, in ``<output-dir>``: ``checkpoint-{step}/`` every ``--save-steps`` steps and
-``final_model/``: weights in safetensors plus the tokenizer, loadable with
-``AutoModelForCausalLM.from_pretrained`` (full fine-tuning) or ``PeftModel.from_pretrained``
-(``--lora``), and ``trainer_state.json`` (step, options, last metrics); ``checkpoints/step-N/``
+``final_model/`` (`grpo.llm.checkpoint.save_llm_checkpoint`): the weights in safetensors plus
+the tokenizer, loadable with ``AutoModelForCausalLM.from_pretrained`` (full fine-tuning) or
+``PeftModel.from_pretrained`` (``--lora``: the adapter only), and ``trainer_state.json`` (step,
+options, last metrics); ``completions.jsonl`` with ``--log-completions-every``; ``checkpoints/step-N/``
 at the same steps and at the end: the trainer's checkpoint (weights, optimizer and LR-schedule
 state, RNG streams, the data position; `grpo.state.checkpoint`), which ``--resume`` continues
 bitwise as the uninterrupted run. Metrics go to ``metrics.jsonl`` (appended, one `JSONLSink` line
@@ -42,6 +49,8 @@ import logging
 import re
 import sys
 import time
+import types
+import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,13 +59,15 @@ from typing import Any, Literal, NamedTuple
 import torch
 
 from grpo.algorithms.recipes import RECIPES, recipe_values
-from grpo.config import GRPOConfig, suggest_fields
+from grpo.config import GRPOConfig, suggest_fields, translate_seed_keywords
 from grpo.engine.deepspeed import deepspeed_config_from
 from grpo.engine.distributed import get_world_size, is_main_process, main_process_only, rank_batches, shutdown
 from grpo.llm._deps import require
+from grpo.llm.checkpoint import save_llm_checkpoint
 from grpo.llm.data import PromptBatches, PromptDataset
 from grpo.llm.policy import CausalLMPolicy
 from grpo.llm.rewards import (
+    Convention,
     Extractor,
     RewardFn,
     RewardFunctions,
@@ -73,17 +84,23 @@ from grpo.runtime.dataclass_args import DataclassArgumentParser, ParsedValues
 from grpo.state.checkpoint import find_latest_checkpoint
 from grpo.trainer import GRPOTrainer
 from grpo.training.callbacks import Callback, TrainState
+from grpo.training.completions_table import CompletionsTable
+from grpo.training.evaluation import EvalOptions
 
 __all__ = [
     "CONFIG_DEFAULTS",
+    "EVAL_PREFIX",
     "SEED_FLAGS",
     "CLIArgs",
     "DataOptions",
+    "EvaluationOptions",
     "GenerationOptions",
     "ModelOptions",
+    "OutputOptions",
     "RewardOptions",
     "RunOptions",
     "build_config",
+    "build_eval_options",
     "build_parser",
     "build_rewards",
     "main",
@@ -185,9 +202,20 @@ class RewardOptions:
     reward: list[str] | None = field(
         default=None,
         metadata={
-            "help": "NAME[=WEIGHT], repeatable. NAME: exact_match, format, overlong, or module:function / "
-            "path.py:function (grpo's f(prompts, completions, **columns) or TRL's keyword "
-            "convention). none = exact_match."
+            "help": "NAME[=WEIGHT], one or more, repeatable. NAME: exact_match, format, overlong, or "
+            "module:function / path.py:function, a function written for grpo (f(prompts, completions, "
+            "**columns)) or for TRL (f(completions, **kwargs), f(completions, solution, **kwargs), "
+            "keyword-only parameters: prompts=, completions= (chat: message lists), completion_ids=, "
+            "the dataset's columns as keywords, trainer_state=); see --reward-convention. "
+            "none = exact_match."
+        },
+    )
+    reward_convention: Convention = field(
+        default="auto",
+        metadata={
+            "help": "How module:function rewards are called: auto (read from each signature), grpo "
+            "(f(prompts, completions, **columns), completions as text) or trl (keywords; a chat "
+            "prompt's completion as [{'role': 'assistant', 'content': text}])."
         },
     )
     answer_extractor: str = _opt(
@@ -196,6 +224,33 @@ class RewardOptions:
     format_pattern: str | None = _opt(None, "Regex for the format reward.")
     format_tags: str = _opt("think,answer", "Tags for the format reward.")
     overlong_cache: int | None = _opt(None, "Soft over-length zone (tokens); none = a quarter of the limit.")
+
+
+#: The name prefix of `EvalOptions`' options: ``--eval-group-size``, ``--eval-ks``, ...
+EVAL_PREFIX = "eval_"
+
+
+@dataclass
+class EvaluationOptions:
+    """What to evaluate on and when; how (group size, temperature, pass@k, ...) are the fields of
+    `grpo.training.evaluation.EvalOptions`, added as ``--eval-<field>``. ``eval_answer`` is
+    `EvalOptions.answer` given by name."""
+
+    eval_dataset: str | None = _opt(
+        None,
+        "Held-out prompts, read like --dataset (same --prompt-column); needs --eval-every.",
+        metavar="PATH",
+    )
+    eval_every: int | None = _opt(
+        None,
+        "Evaluate on --eval-dataset every N steps; the eval/* metrics join that step's record in "
+        "every output, whatever --logging-steps is.",
+    )
+    eval_answer: str | None = _opt(
+        None,
+        "Final answer of a completion for eval/maj@k (needs --eval-ks): last_number, boxed, "
+        "after:MARKER or tag:NAME, as --answer-extractor; none = no maj@k.",
+    )
 
 
 @dataclass
@@ -208,6 +263,11 @@ class OutputOptions:
     use_wandb: bool = _opt(False, "Log to Weights & Biases.")
     wandb_project: str = _opt("grpo", "W&B project.")
     wandb_run_name: str | None = _opt(None, "W&B run name.")
+    log_completions_every: int | None = _opt(
+        None,
+        "Every N steps, each sample's prompt, completion, rewards and advantage to "
+        "<output-dir>/completions.jsonl (and a W&B table with --use-wandb); none = never.",
+    )
 
 
 #: Seed 003's (and other) flags that are spellings of a GRPOConfig option, declared here only.
@@ -239,6 +299,7 @@ _OPTION_GROUPS: tuple[tuple[str, type], ...] = (
     ("generation", GenerationOptions),
     ("rewards", RewardOptions),
     ("output and logging", OutputOptions),
+    ("evaluation", EvaluationOptions),
 )
 _CONFIG_TITLE = "GRPOConfig (the trainer; see grpo.config.GRPOConfig and docs/algorithms.md)"
 _ALIAS_ATTRIBUTES = {flag[2:].replace("-", "_"): name for name, flags in SEED_FLAGS.items() for flag in flags}
@@ -265,6 +326,7 @@ def build_parser() -> DataclassArgumentParser:
         description="GRPO fine-tuning of a Hugging Face causal LM on a prompt dataset. Bool options: "
         "--flag, --flag true|false or --no-flag; options that may be unset take 'none'.",
         hint=suggest_fields,
+        translate=translate_seed_keywords,  # seed 001's adv_norm, use_kl_advantage_shaping in files
         allow_abbrev=False,  # an option is its whole name: no prefix of another knob
     )
     groups = {title: p.add_argument_group(title) for title, _ in _OPTION_GROUPS}
@@ -279,6 +341,8 @@ def build_parser() -> DataclassArgumentParser:
     )
     for title, cls in _OPTION_GROUPS:
         p.add_dataclass(cls, group=groups[title])
+    # --eval-answer (EvaluationOptions) is EvalOptions.answer by name
+    p.add_dataclass(EvalOptions, group=groups["evaluation"], prefix=EVAL_PREFIX, exclude=("answer",))
     return p
 
 
@@ -293,13 +357,21 @@ def parse_args(argv: Sequence[str] | None = None) -> CLIArgs:
         parser.fail("--model-name is required (on the command line or in --config).")
     if not v.get("dataset"):
         parser.fail("--dataset is required (a .jsonl/.json/.parquet/.csv file or a save_to_disk dir).")
-    for name in ("logging_steps", "num_epochs", "gradient_accumulation_steps"):
-        if v[name] < 1:
+    for name in (
+        "logging_steps",
+        "num_epochs",
+        "gradient_accumulation_steps",
+        "eval_every",
+        "log_completions_every",
+    ):
+        if v[name] is not None and v[name] < 1:
             parser.fail(f"--{name.replace('_', '-')}={v[name]} must be >= 1.")
     if v["max_steps"] is not None and v["max_steps"] < 0:
         parser.fail(f"--max-steps={v['max_steps']} must be >= 0.")
     try:
         config = resolve_config(parsed)
+        _extractor(v["answer_extractor"], "--answer-extractor")
+        _check_evaluation(parsed, config)
     except (ValueError, TypeError) as e:
         parser.fail(str(e))
     args = CLIArgs(**{k: x for k, x in v.items() if k not in _CONFIG_FIELDS}, config=parsed.file)
@@ -308,6 +380,46 @@ def parse_args(argv: Sequence[str] | None = None) -> CLIArgs:
     if config.lr_schedule != "constant" and "total_steps" not in parsed.explicit:
         args.total_steps = None  # set by train(): the run's optimizer steps
     return args
+
+
+def _check_evaluation(parsed: ParsedValues, config: GRPOConfig) -> None:
+    """``--eval-dataset`` and ``--eval-every`` come together, other ``--eval-*`` options only with
+    them, and the `EvalOptions` fit ``config`` (each k of ``--eval-ks`` at most the evaluation's
+    group size); `ValueError` naming the options otherwise."""
+    v = parsed.values
+    if v["eval_dataset"] is not None and v["eval_every"] is None:
+        raise ValueError(
+            "--eval-dataset needs --eval-every N too: evaluation needs the prompts and the period."
+        )
+    if v["eval_every"] is not None and v["eval_dataset"] is None:
+        raise ValueError(
+            "--eval-every needs --eval-dataset PATH too: evaluation needs the prompts and the period."
+        )
+    if v["eval_dataset"] is None:
+        stray = sorted(n for n in parsed.explicit if n.startswith(EVAL_PREFIX))
+        if stray:
+            flags = ", ".join("--" + n.replace("_", "-") for n in stray)
+            raise ValueError(f"{flags} set how to evaluate, but no --eval-dataset / --eval-every is given.")
+        return
+    if v["eval_answer"] is not None:
+        _extractor(v["eval_answer"], "--eval-answer")
+    options = build_eval_options(argparse.Namespace(**v))
+    if options is not None:
+        options.resolved_group_size(config)
+
+
+def build_eval_options(args: argparse.Namespace) -> EvalOptions | None:
+    """The `EvalOptions` of the ``--eval-*`` options (``--eval-answer`` read as an extractor
+    name); None without ``--eval-dataset``. `ValueError` for a value `EvalOptions` refuses."""
+    if args.eval_dataset is None:
+        return None
+    values = {f.name: getattr(args, EVAL_PREFIX + f.name) for f in dataclasses.fields(EvalOptions) if f.init}
+    spec = values.pop("answer")
+    answer = None if spec is None else _extractor(spec, "--eval-answer")
+    try:
+        return EvalOptions(**values, answer=answer)
+    except ValueError as e:
+        raise ValueError(f"--eval-*: {e}") from None
 
 
 def resolve_config(parsed: ParsedValues) -> GRPOConfig:
@@ -358,17 +470,20 @@ def build_config(args: argparse.Namespace, total_steps: int | None = None) -> GR
 
 
 # ---- rewards ---------------------------------------------------------------------------------------
-def _extractor(spec: str) -> Extractor:
+def _extractor(spec: str, flag: str = "--answer-extractor") -> Extractor:
+    """The extractor named ``spec`` (last_number, boxed, after:MARKER, tag:NAME); `ValueError`
+    naming ``flag`` otherwise."""
     if spec == "last_number":
         return last_number
     if spec == "boxed":
         return boxed_answer
-    if spec.startswith("after:"):
+    if spec.startswith("after:") and len(spec) > len("after:"):
         return after_marker(spec[len("after:") :])
-    if spec.startswith("tag:"):
+    if spec.startswith("tag:") and len(spec) > len("tag:"):
         return tag_content(spec[len("tag:") :])
-    raise SystemExit(
-        f"grpo-train: error: unknown --answer-extractor {spec!r}; use last_number, boxed, after:M, tag:T"
+    raise ValueError(
+        f"unknown {flag} {spec!r}; use last_number, boxed, after:MARKER (e.g. after:####) or tag:NAME "
+        f"(e.g. tag:answer)."
     )
 
 
@@ -389,9 +504,11 @@ def _load_callable(spec: str) -> Callable[..., Any]:
 
 
 def build_rewards(args: argparse.Namespace) -> RewardFunctions:
-    """The `RewardFunctions` named by ``--reward`` (default: exact_match)."""
+    """The `RewardFunctions` named by ``--reward`` (default: exact_match); the module:function
+    ones are called in ``--reward-convention`` (the ready rewards in their own, grpo's)."""
     fns: dict[str, RewardFn] = {}
     weights: dict[str, float] = {}
+    conventions: dict[str, Convention] = {}
     for spec in args.reward or ["exact_match"]:
         name, weight = spec, 1.0
         head, sep, tail = spec.rpartition("=")
@@ -410,6 +527,7 @@ def build_rewards(args: argparse.Namespace) -> RewardFunctions:
         elif ":" in name:
             fn = _load_callable(name)
             name = name.rpartition(":")[2]
+            conventions[name] = args.reward_convention
         else:
             raise SystemExit(
                 f"grpo-train: error: unknown --reward {name!r}; use exact_match, format, overlong or "
@@ -417,29 +535,54 @@ def build_rewards(args: argparse.Namespace) -> RewardFunctions:
             )
         fns[name] = fn
         weights[name] = weight
-    return RewardFunctions(fns, weights)
+    return _StepRewards(fns, weights, convention=conventions)
+
+
+class _StepRewards(RewardFunctions):
+    """`RewardFunctions` that keep the counters (``last_metrics``) of each call under the step
+    count of ``trainer`` at the call: a training step's rewards are computed before its count goes
+    up, an evaluation after step k at count k, so `step_counters` gives step k's own counters
+    though the evaluation that follows it replaced ``last_metrics``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.trainer: Any = None  # set by _StepMetrics when training starts
+        self.counters: dict[int, dict[str, float]] = {}  # step count at the call -> its counters
+
+    def compute_reward_components(
+        self, states: Sequence[Any], actions: Sequence[Any]
+    ) -> dict[str, list[float]]:
+        out = super().compute_reward_components(states, actions)
+        if self.trainer is not None:
+            count = int(self.trainer.step_count)
+            self.counters = {k: v for k, v in self.counters.items() if k >= count - 1}
+            self.counters[count] = self.last_metrics
+        return out
+
+    def step_counters(self, step: int) -> dict[str, float]:
+        """The counters of the call made for step ``step`` (the count after it), none if no call."""
+        return self.counters.get(step - 1, {})
 
 
 # ---- saving, metrics, data -------------------------------------------------------------------------
-def _save(
-    policy: CausalLMPolicy, directory: Path, step: int, args: argparse.Namespace, metrics: dict[str, float]
-) -> None:
-    """Rank 0 writes the model and ``trainer_state.json``; every rank calls this and returns when
-    the files are complete. Under ZeRO-3 and FSDP every rank takes part in gathering the weights."""
+def _save(trainer: GRPOTrainer, directory: Path, args: argparse.Namespace, metrics: dict[str, float]) -> None:
+    """The model (`save_llm_checkpoint`: the LoRA adapter only, or the whole model; the tokenizer)
+    and ``trainer_state.json``, written by rank 0; every rank calls this and returns when the files
+    are complete. Under ZeRO-3 and FSDP every rank takes part in gathering the weights."""
+    policy = typing.cast(CausalLMPolicy, trainer.policy)  # train() built it
 
     def write_state() -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        state = {"step": step, "args": vars(args), "metrics": metrics}
+        state = {"step": trainer.step_count, "args": vars(args), "metrics": metrics}
         text = json.dumps(state, indent=2, default=str)
         (directory / "trainer_state.json").write_text(text, encoding="utf-8")
 
     def write_all() -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        policy.save_pretrained(str(directory))
+        save_llm_checkpoint(trainer, directory)
         write_state()
 
     if policy.is_partitioned:
-        policy.save_pretrained(str(directory))  # collective gather; rank 0 writes
+        save_llm_checkpoint(trainer, directory)  # collective gather; rank 0 writes
         main_process_only(write_state, None)
     else:
         main_process_only(write_all, None)
@@ -448,17 +591,13 @@ def _save(
 class RankBatches:
     """This process's share of each global batch of a `PromptBatches` (identity on one process),
     with its state: registered as the trainer's ``"data"`` checkpoint component, the position in
-    the data is saved with every checkpoint and a resumed run continues at the next batch.
-    ``num_prompts`` is the size of the last batch given out."""
+    the data is saved with every checkpoint and a resumed run continues at the next batch."""
 
     def __init__(self, batches: PromptBatches) -> None:
         self.batches = batches
-        self.num_prompts = 0
 
     def __iter__(self) -> Iterator[list[dict[str, Any]]]:
-        for batch in rank_batches(self.batches.records, self.batches):  # a Sequence source: sharded
-            self.num_prompts = len(batch)
-            yield batch
+        yield from rank_batches(self.batches.records, self.batches)  # a Sequence source: sharded
 
     def state_dict(self) -> dict[str, Any]:
         return self.batches.state_dict()
@@ -469,50 +608,79 @@ class RankBatches:
 
 class _StepMetrics(Callback):
     """What ``grpo-train`` adds to each step's record (`on_metrics`, before the sinks): the reward
-    functions' ``last_metrics``, ``completion/tokens``, ``completion/mean_length``,
-    ``throughput/tokens_per_s`` and ``lr`` (the learning rate after the step)."""
+    functions' counters of the step's own call (``reward/<name>/applicable``, ...; not those of an
+    evaluation after it) and ``throughput/tokens_per_s`` = ``completion/tokens / time/step``.
+    It also keeps ``rewards.trainer_state`` (what TRL's reward functions get as
+    ``trainer_state``): ``global_step`` (steps done), ``max_steps`` and ``epoch`` (passes over the
+    dataset done, fractional)."""
 
-    def __init__(
-        self, policy: CausalLMPolicy, rewards: RewardFunctions, group_size: int, data: RankBatches
-    ) -> None:
-        self.policy = policy
+    def __init__(self, rewards: RewardFunctions, max_steps: int, steps_per_epoch: int) -> None:
         self.rewards = rewards
-        self.group_size = group_size
-        self.data = data
+        self.steps_per_epoch = max(steps_per_epoch, 1)
+        self.trainer_state = types.SimpleNamespace(global_step=0, max_steps=max_steps, epoch=0.0)
+        rewards.trainer_state = self.trainer_state
+
+    def _at(self, step: int) -> None:
+        self.trainer_state.global_step = step
+        self.trainer_state.epoch = step / self.steps_per_epoch
+
+    def on_train_start(self, state: TrainState) -> None:
+        self._at(state.step)  # a resumed run starts at its checkpoint's step
+        if isinstance(self.rewards, _StepRewards):
+            self.rewards.trainer = state.trainer
 
     def on_metrics(self, state: TrainState, metrics: dict[str, float]) -> None:
-        metrics.update(self.rewards.last_metrics)
-        tokens = float(self.policy.last_generation.get("completion_tokens", 0.0))
-        metrics["completion/tokens"] = tokens
-        metrics["completion/mean_length"] = tokens / max(self.data.num_prompts * self.group_size, 1)
-        metrics["throughput/tokens_per_s"] = tokens / max(metrics["time/step"], 1e-9)
-        optimizer = state.trainer.optimizer
-        metrics["lr"] = float(optimizer.param_groups[0]["lr"]) if optimizer is not None else 0.0
+        if isinstance(self.rewards, _StepRewards):
+            metrics.update(self.rewards.step_counters(state.step))
+        else:
+            metrics.update(self.rewards.last_metrics)
+        if "completion/tokens" in metrics:
+            metrics["throughput/tokens_per_s"] = metrics["completion/tokens"] / max(
+                metrics["time/step"], 1e-9
+            )
+
+    def on_step_end(self, state: TrainState, metrics: Mapping[str, float]) -> None:
+        self._at(state.step)
 
 
 class _SaveModels(Callback):
     """``<output-dir>/checkpoint-{step}/`` (the model, loadable with ``from_pretrained``) every
     ``--save-steps`` steps. Runs on every process: `_save` is collective under ZeRO-3 and FSDP."""
 
-    def __init__(self, policy: CausalLMPolicy, out_dir: Path, args: argparse.Namespace) -> None:
-        self.policy = policy
+    def __init__(self, trainer: GRPOTrainer, out_dir: Path, args: argparse.Namespace) -> None:
+        self.trainer = trainer
         self.out_dir = out_dir
         self.args = args
 
     def on_step_end(self, state: TrainState, metrics: Mapping[str, float]) -> None:
         every = self.args.checkpoint_freq
         if every and state.step % every == 0:
-            path = self.out_dir / f"checkpoint-{state.step}"
-            _save(self.policy, path, state.step, self.args, dict(metrics))
+            _save(self.trainer, self.out_dir / f"checkpoint-{state.step}", self.args, dict(metrics))
 
 
-def _sinks(args: argparse.Namespace, out_dir: Path, stack: contextlib.ExitStack) -> list[PeriodicSink]:
-    """Rank 0's sinks, each writing every ``--logging-steps`` steps and at the last step:
-    ``metrics.jsonl`` (appended), a ``grpo.llm`` log line, and W&B with ``--use-wandb``. Closed
-    (the W&B run finished) when ``stack`` exits."""
+class _LoggingPeriod(PeriodicSink):
+    """`PeriodicSink` that also writes every record holding evaluation results (``eval/*``), so
+    an evaluation reaches the outputs whatever ``--logging-steps`` is."""
+
+    def write(self, metrics: Mapping[str, float], step: int) -> None:
+        super().write(metrics, step)  # written, or held in place of the one held before
+        if any(k.startswith("eval/") for k in metrics):
+            self.flush()  # the held record is this one
+
+
+class _Outputs(NamedTuple):
+    sinks: list[PeriodicSink]
+    wandb_run: Any  # the W&B run with --use-wandb (for the completions table), else None
+
+
+def _outputs(args: argparse.Namespace, out_dir: Path, stack: contextlib.ExitStack) -> _Outputs:
+    """Rank 0's sinks, each writing every ``--logging-steps`` steps, at each evaluation and at
+    the last step: ``metrics.jsonl`` (appended), a ``grpo.llm`` log line, and W&B with
+    ``--use-wandb``. Closed (the W&B run finished) when ``stack`` exits."""
     jsonl = JSONLSink(out_dir / "metrics.jsonl", append=True)
     stack.callback(jsonl.close)
     inner: list[Any] = [jsonl, LoggingSink(logger, keys=("reward/mean", "kl/ref", "throughput/tokens_per_s"))]
+    wandb_run = None
     if args.use_wandb:
         try:
             wandb = WandbSink(project=args.wandb_project, name=args.wandb_run_name, config=vars(args))
@@ -520,10 +688,11 @@ def _sinks(args: argparse.Namespace, out_dir: Path, stack: contextlib.ExitStack)
             raise ImportError(f"--use-wandb needs Weights & Biases: {e}") from e
         stack.callback(wandb.close)
         inner.append(wandb)
-    sinks = [PeriodicSink(s, args.logging_steps) for s in inner]
+        wandb_run = getattr(wandb, "run", None)
+    sinks: list[PeriodicSink] = [_LoggingPeriod(s, args.logging_steps) for s in inner]
     for sink in sinks:
         stack.callback(sink.flush)  # a held record is written before its sink closes (LIFO)
-    return sinks
+    return _Outputs(sinks, wandb_run)
 
 
 # ---- checkpoints and resume ------------------------------------------------------------------------
@@ -581,6 +750,9 @@ def train(args: argparse.Namespace) -> dict[str, float]:
     """Run the training described by ``args`` (`parse_args`); return the last step's metrics."""
     transformers = require("transformers")
     dataset = PromptDataset.load(args.dataset, prompt_column=args.prompt_column)
+    eval_states = None
+    if args.eval_dataset is not None:  # read before any model is loaded: its errors come first
+        eval_states = PromptDataset.load(args.eval_dataset, prompt_column=args.prompt_column).records
     plan = _plan_steps(args, dataset)
     per_step = build_config(args, total_steps=10**9).optimizer_steps_per_step
     config = build_config(args, total_steps=plan.total * per_step)  # a decaying schedule: this run
@@ -590,8 +762,7 @@ def train(args: argparse.Namespace) -> dict[str, float]:
     )
     policy = _build_policy(args, *_load_model(args, transformers))
     rewards = build_rewards(args)
-    reference = policy.reference_policy() if config.kl_coeff > 0 else None
-    trainer = GRPOTrainer(trainer_config, policy, rewards, reference_policy=reference)
+    trainer = GRPOTrainer(trainer_config, policy, rewards)  # the KL reference: policy.reference_policy()
     data = RankBatches(
         dataset.batches(plan.global_batch, seed=int(config.seed or 0), epochs=None, drop_last=plan.drop_last)
     )
@@ -602,22 +773,22 @@ def train(args: argparse.Namespace) -> dict[str, float]:
     _log_plan(args, dataset, plan)
     t_start = time.perf_counter()
     with contextlib.ExitStack() as stack:
-        sinks = _sinks(args, out_dir, stack) if plan.main_process else []
+        outputs = _outputs(args, out_dir, stack) if plan.main_process else _Outputs([], None)
         state = trainer.train(
             data,
             num_steps=plan.total,
-            callbacks=[
-                _StepMetrics(policy, rewards, config.group_size, data),
-                _SaveModels(policy, out_dir, args),
-            ],
-            sinks=sinks,
+            eval_states=eval_states,
+            eval_every=None if eval_states is None else args.eval_every,
+            eval_options=build_eval_options(args),
+            callbacks=_callbacks(args, trainer, rewards, plan, outputs.wandb_run),
+            sinks=outputs.sinks,
             progress="bar" if args.progress else False,
             checkpoint_dir=ckpt.directory,
             resume_from=ckpt.resume_from,
         )
         metrics = state.history[-1] if state.history else {}
         final = out_dir / "final_model"
-        _save(policy, final, trainer.step_count, args, metrics)
+        _save(trainer, final, args, metrics)
     trainer.close()  # DeepSpeed's engines and groups are freed now, not at interpreter exit
     logger.info(
         "done: %d steps in %.1f s; final model in %s",
@@ -626,6 +797,23 @@ def train(args: argparse.Namespace) -> dict[str, float]:
         final,
     )
     return metrics
+
+
+def _callbacks(
+    args: argparse.Namespace, trainer: GRPOTrainer, rewards: RewardFunctions, plan: _StepPlan, wandb_run: Any
+) -> list[Callback]:
+    """The command's callbacks: its keys of each record and ``trainer_state`` (`_StepMetrics`),
+    the model saves (`_SaveModels`) and, with ``--log-completions-every``, the completions table
+    (rank 0: ``completions.jsonl``, and a W&B table with ``--use-wandb``)."""
+    out_dir = Path(args.output_dir)
+    callbacks: list[Callback] = [
+        _StepMetrics(rewards, plan.total, plan.per_epoch),
+        _SaveModels(trainer, out_dir, args),
+    ]
+    every = args.log_completions_every
+    if every is not None and plan.main_process:
+        callbacks.append(CompletionsTable(out_dir / "completions.jsonl", every=every, wandb_run=wandb_run))
+    return callbacks
 
 
 def _log_plan(args: argparse.Namespace, dataset: PromptDataset, plan: _StepPlan) -> None:

@@ -21,16 +21,24 @@ annotation                    command line                                    co
 ``X | None``                  also ``none`` (or ``null``)                     ``null`` / ``none``
 a union of these              each member tried: None, Literal, bool, int,    the same
                               float, str
-``list[X]``                   repeatable: ``--x a --x b``                     a list (or one value)
+``list[X]``, ``Sequence[X]``  one or more values, repeatable: ``--x a b``     a list (or one value)
+                              = ``--x a --x b`` (a list)
 anything else                 JSON text                                       the value as is
 ============================  ==============================================  =====================
+
+``prefix`` puts a dataclass's options under a name space: ``add_dataclass(EvalOptions,
+prefix="eval_")`` makes the field ``group_size`` the option ``--eval-group-size`` (value
+``eval_group_size``), and ``parsed.for_dataclass(EvalOptions, prefix="eval_")`` gives the fields
+back under their own names.
 
 A string in a file is read as on the command line, so YAML's ``1e-6`` (a string to YAML 1.1)
 is the float 1e-6, and an int is accepted where a float is expected. Keys of a file may use
 ``-`` or ``_`` and may be any option's name (an alias too).
 
 Precedence, lowest first: the field's default, the ``defaults`` given to `add_dataclass`, the
-``--config`` file, the command line (a list on the command line replaces the file's).
+``--config`` file, the command line (a list on the command line replaces the file's). A parser
+made with ``translate=`` passes each file's mapping through it first (another library's names
+turned into fields, as ``grpo.config.translate_seed_keywords`` does).
 `ParsedValues.explicit` names what the file or the command line gave, so that a caller can put a
 preset between the defaults and the explicit values (``GRPOConfig.recipe``). An option or a file
 key that is no field is refused with the close spellings (`unknown_keys_message`); on the command
@@ -40,6 +48,7 @@ line as argparse errors are (exit status 2).
 from __future__ import annotations
 
 import argparse
+import collections.abc
 import dataclasses
 import difflib
 import importlib
@@ -107,10 +116,13 @@ def _none_word(annotation: Any) -> str:
     return "null" if "none" in _literal_values(annotation) else "none"
 
 
+_LIST_ORIGINS = (list, collections.abc.Sequence)  # read as a list (a list is a Sequence)
+
+
 def _list_element(annotation: Any) -> Any:
-    """X for ``list[X]`` or ``list[X] | None``; None for anything else."""
+    """X for ``list[X]`` or ``Sequence[X]`` (either ``| None``); None for anything else."""
     lists = [m for m in _members(annotation) if m is not type(None)]
-    if len(lists) == 1 and typing.get_origin(lists[0]) is list and typing.get_args(lists[0]):
+    if len(lists) == 1 and typing.get_origin(lists[0]) in _LIST_ORIGINS and typing.get_args(lists[0]):
         return typing.get_args(lists[0])[0]
     return None
 
@@ -225,7 +237,8 @@ def coerce_value(name: str, value: Any, annotation: Any) -> Any:
 @dataclasses.dataclass(frozen=True)
 class FieldOption:
     """One dataclass field as an option: ``flags`` (``--name`` first, then the aliases) set
-    ``name``; ``default`` is what it takes when neither the command line nor a file gives it."""
+    ``name`` (``prefix`` + the field's name); ``default`` is what it takes when neither the
+    command line nor a file gives it."""
 
     name: str
     flags: tuple[str, ...]
@@ -236,6 +249,12 @@ class FieldOption:
     choices: tuple[Any, ...] | None = None
     const: Any = None
     metavar: str | None = None
+    prefix: str = ""
+
+    @property
+    def field_name(self) -> str:
+        """The name of the dataclass field (``name`` without ``prefix``)."""
+        return self.name[len(self.prefix) :]
 
     @property
     def is_bool(self) -> bool:
@@ -248,7 +267,7 @@ class FieldOption:
             return {**kwargs, "action": BoolFlagAction}
         kwargs["type"] = text_parser(self.annotation)
         if _is_list(self.annotation):
-            kwargs["action"] = "append"
+            kwargs.update(action="extend", nargs="+")  # --x a b, --x a --x b: [a, b]
         if self.const is not None:
             kwargs.update(nargs="?", const=self.const)
         if self.choices is not None:
@@ -259,7 +278,7 @@ class FieldOption:
         return kwargs
 
     def help_text(self) -> str:
-        text = self.help.strip() or f"{self.owner.__name__}.{self.name}"
+        text = self.help.strip() or f"{self.owner.__name__}.{self.field_name}"
         missing = self.default is dataclasses.MISSING
         default = "unset" if missing else _show(self.default, _none_word(self.annotation))
         return f"{text} (default: {default})".replace("%", "%%")
@@ -302,14 +321,19 @@ def field_options(
     defaults: Mapping[str, Any] | None = None,
     choices: Mapping[str, Sequence[Any]] | None = None,
     exclude: Collection[str] = (),
+    prefix: str = "",
 ) -> list[FieldOption]:
     """A `FieldOption` for every ``init`` field of the dataclass ``cls`` (not ``exclude``d), in
     declaration order. ``aliases``: field -> more option strings; ``defaults``: field -> the
     default to use instead of the field's; ``choices``: field -> the values allowed (a Literal
-    field has its own). The help is ``metadata["help"]``; ``metadata["const"]`` makes the value
-    optional on the command line (``--resume`` alone = ``--resume <const>``)."""
+    field has its own); these and ``exclude`` name the fields without ``prefix``. The option of
+    field ``f`` is named ``prefix + f`` (flag ``--<prefix>-f``, ``_`` as ``-``). The help is
+    ``metadata["help"]``; ``metadata["const"]`` makes the value optional on the command line
+    (``--resume`` alone = ``--resume <const>``)."""
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"field_options() needs a dataclass type, got {cls!r}.")
+    if prefix and not prefix.replace("_", "a").isidentifier():
+        raise ValueError(f"field_options(prefix={prefix!r}): expected letters, digits and '_', e.g. 'eval_'.")
     aliases, defaults, choices = dict(aliases or {}), dict(defaults or {}), dict(choices or {})
     hints = typing.get_type_hints(cls)
     fields = [f for f in dataclasses.fields(cls) if f.init and f.name not in exclude]
@@ -329,10 +353,10 @@ def field_options(
             and all(_rank(m) in (0, 1) for m in _members(annotation))
         ):  # Literal (or Optional[Literal]): argparse choices
             allowed = [*_literal_values(annotation), *([None] if _is_optional(annotation) else [])]
-        flag = "--" + f.name.replace("_", "-")
+        flag = "--" + (prefix + f.name).replace("_", "-")
         options.append(
             FieldOption(
-                name=f.name,
+                name=prefix + f.name,
                 flags=(flag, *[a for a in aliases.get(f.name, ()) if a != flag]),
                 annotation=annotation,
                 default=defaults.get(f.name, _default(f)),
@@ -341,6 +365,7 @@ def field_options(
                 choices=None if allowed is None else tuple(allowed),
                 const=f.metadata.get("const"),
                 metavar=f.metadata.get("metavar"),
+                prefix=prefix,
             )
         )
     return options
@@ -403,11 +428,14 @@ class ParsedValues:
     file: str | None
     extra: dict[str, Any]
 
-    def for_dataclass(self, cls: type, *, explicit_only: bool = False) -> dict[str, Any]:
-        """The values of the fields of ``cls`` (those given explicitly only, if asked)."""
+    def for_dataclass(self, cls: type, *, prefix: str = "", explicit_only: bool = False) -> dict[str, Any]:
+        """The values of the fields of ``cls`` under their field names (those given explicitly
+        only, if asked); ``prefix``: the one its options were added with."""
         names = [f.name for f in dataclasses.fields(cls) if f.init]
         return {
-            n: self.values[n] for n in names if n in self.values and (not explicit_only or n in self.explicit)
+            n: self.values[prefix + n]
+            for n in names
+            if prefix + n in self.values and (not explicit_only or prefix + n in self.explicit)
         }
 
 
@@ -478,7 +506,9 @@ class DataclassArgumentParser(argparse.ArgumentParser):
     ``--config FILE`` option (YAML or JSON; ``config_option=None`` for none). `parse` gives the
     values with what was explicit; see the module docstring for types and precedence.
     ``hint(key)``: the names an unknown key probably meant (e.g. a library's aliases), offered
-    before close spellings.
+    before close spellings. ``translate(mapping)``: applied to each config file's mapping (keys
+    with ``_``) before its keys are checked, to turn other names into options' (a `ValueError`
+    it raises is reported with the file's name).
 
     A field name already added (by an earlier dataclass) is skipped: the first dataclass to
     declare a name owns its option, and both read the same value."""
@@ -488,6 +518,7 @@ class DataclassArgumentParser(argparse.ArgumentParser):
         *args: Any,
         config_option: str | None = "--config",
         hint: Callable[[str], Sequence[str]] | None = None,
+        translate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("formatter_class", DataclassHelpFormatter)
@@ -496,6 +527,7 @@ class DataclassArgumentParser(argparse.ArgumentParser):
         self.keys: dict[str, str] = {}  # every accepted name (field, alias; with '_') -> field
         self.config_option = config_option
         self.hint = hint  # names an unknown key probably meant (a library's aliases), before spellings
+        self.translate = translate  # a config file's mapping -> the same in this parser's names
         if config_option is not None:
             self.add_argument(
                 config_option, dest="config", default=None, metavar="FILE",
@@ -513,13 +545,17 @@ class DataclassArgumentParser(argparse.ArgumentParser):
         defaults: Mapping[str, Any] | None = None,
         choices: Mapping[str, Sequence[Any]] | None = None,
         exclude: Collection[str] = (),
+        prefix: str = "",
     ) -> list[str]:
-        """Add an option per field of ``cls`` (see `field_options`) to ``group`` (an argument
-        group of this parser), or to a new group titled ``title`` (default: the class name).
-        Returns the names added."""
+        """Add an option per field of ``cls`` (see `field_options`; ``prefix``: the options are
+        named ``prefix + field``) to ``group`` (an argument group of this parser), or to a new
+        group titled ``title`` (default: the class name). Returns the option names added."""
         target = group if group is not None else self.add_argument_group(title or cls.__name__)
         added = []
-        for opt in field_options(cls, aliases=aliases, defaults=defaults, choices=choices, exclude=exclude):
+        made = field_options(
+            cls, aliases=aliases, defaults=defaults, choices=choices, exclude=exclude, prefix=prefix
+        )
+        for opt in made:
             if opt.name in self.options:
                 continue
             target.add_argument(*opt.flags, **opt.argparse_kwargs())
@@ -547,6 +583,11 @@ class DataclassArgumentParser(argparse.ArgumentParser):
         `ValueError` naming the file for a key that is no option (with the close spellings), a
         field given twice (by two of its names) and a value that does not fit."""
         raw = read_config_file(path)
+        if self.translate is not None:
+            try:
+                raw = self.translate(raw)
+            except ValueError as e:
+                raise ValueError(f"config file {str(path)!r}: {e}") from None
         unknown = [k for k in raw if k not in self.keys]
         if unknown:
             raise ValueError(

@@ -3,8 +3,8 @@
 `GRPOTrainer.train` delegates here. One iteration::
 
     states  = next batch from the source                      # time/data
-    metrics = trainer.step(states)                            # every key of step()
-    metrics += optim/lr, throughput/*, time/data
+    metrics = trainer.step(states)                            # every key of step(), optim/lr too
+    metrics += throughput/*, time/data
     every eval_every steps: metrics += evaluate(eval_states, **eval_options)  # eval/*; on_eval
     on_metrics (callbacks may add keys); sinks.write(metrics, step); on_step_end
     progress bar / log line
@@ -381,7 +381,7 @@ def _run_steps(run: _Run, batches: Iterator[Any], report: ProgressReport) -> Non
 
 def _step(run: _Run, batches: Iterator[Any]) -> dict[str, float] | None:
     """``trainer.step`` on the next batch, its record with the loop's keys (``time/data``,
-    ``optim/lr``, ``throughput/*``); None (and a stop) when the source ran out."""
+    ``throughput/*``; ``optim/lr`` is step()'s own); None (and a stop) when the source ran out."""
     trainer = run.trainer
     t0 = time.perf_counter()
     try:
@@ -390,12 +390,9 @@ def _step(run: _Run, batches: Iterator[Any]) -> dict[str, float] | None:
         run.state.stop(f"the states source ran out after step {trainer.step_count}")
         return None
     t1 = time.perf_counter()
-    lr = None if trainer.optimizer is None else float(trainer.optimizer.param_groups[0]["lr"])
     record = trainer.step(states)
     t2 = time.perf_counter()
     record["time/data"] = t1 - t0
-    if lr is not None:
-        record["optim/lr"] = lr
     iteration = max(record["time/data"] + record.get("time/step", t2 - t1), 1e-12)
     n_states = num_states(states)
     if n_states is not None:
