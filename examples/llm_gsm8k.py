@@ -134,8 +134,7 @@ def main(argv: list[str] | None = None) -> None:
         device=device,
         seed=args.seed,
     )
-    reference = policy.reference_policy() if args.kl_coeff > 0 else None
-    trainer = GRPOTrainer(config, policy, rewards, reference_policy=reference)
+    trainer = GRPOTrainer(config, policy, rewards)
     batches = data.batches(args.batch_size, seed=args.seed, epochs=10**6)
     for step in range(1, args.steps + 1):
         m = trainer.step(next(batches))

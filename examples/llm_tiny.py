@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         entropy_coeff=args.entropy_coeff,
         seed=args.seed,
     )
-    trainer = GRPOTrainer(config, policy, rewards, reference_policy=policy.reference_policy())
+    trainer = GRPOTrainer(config, policy, rewards)
     batches = data.batches(args.batch_size, seed=args.seed, epochs=10**9)
     t0 = time.perf_counter()
     metrics: dict[str, float] = {}

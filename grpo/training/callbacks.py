@@ -5,7 +5,7 @@ works). Each hook gets the loop's `TrainState` (``state.trainer``, ``state.step`
 ``state.history``, ...); a hook stops training by calling ``state.stop(reason)``. Order within one
 step::
 
-    metrics = trainer.step(states)            # + the loop's own keys (optim/lr, throughput/*, ...)
+    metrics = trainer.step(states)            # optim/lr too; + the loop's own keys (time/data, throughput/*)
     on_eval(state, eval_metrics)              # every eval_every steps; merged into the step's record
     on_metrics(state, record)                 # may add or change keys before anything sees them
     sinks.write(record)
