@@ -8,15 +8,27 @@ LM head ``W`` (V, H) (+ bias ``b``), with sampling temperature ``tau``::
     log p(y) = z[y] - logsumexp(z)
     H       = logsumexp(z) - sum_v softmax(z)_v z_v        (exact entropy, nats)
 
-The n rows are processed ``chunk_size`` at a time. With gradients enabled, each chunk runs under
-`torch.utils.checkpoint`, so the backward pass recomputes the chunk's (chunk_size, V) logits
+The n rows are processed ``chunk_size`` at a time. The forward keeps two numbers per row
+(logsumexp and E_p[z]); the hand-written backward recomputes each chunk's (chunk_size, V) logits
 instead of keeping every chunk's logits alive: peak extra memory is O(chunk_size * V), not
-O(n * V). The values are the same as the naive full-logits computation up to float rounding
-(tested to 1e-5 in float32).
+O(n * V). Each chunk needs one (chunk_size, V) float32 buffer (the logsumexp runs in place, the
+entropy is summed over vocabulary blocks), two in a backward that differentiates the entropy.
+(Soft-capped logits take an autograd path with `torch.utils.checkpoint` per chunk.) The values are
+the same as the naive full-logits computation up to float rounding (tested to 1e-5 in float32).
+
+``compiled=True`` runs the per-chunk work of the hand-written path (the LM-head matmul, the softmax
+statistics, the logit gradient) through `torch.compile` (`compiled_chunk_kernels`): the
+element-wise passes over each (chunk, V) block are fused into one or two kernels, and the forward
+needs no (chunk, V) probability buffer. Same formulas, so the same values up to float rounding
+(tests/test_llm_fused.py: 1e-5 in float32, values and gradients). The first call compiles (seconds
+to a minute, needs a C++ compiler on CPU / Triton on CUDA); whether it pays off is measured in
+benchmarks/llm_memory.py, and it is off by default.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,7 +36,14 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["chunked_token_logprobs", "naive_token_logprobs"]
+__all__ = [
+    "VOCAB_BLOCK",
+    "ChunkKernels",
+    "checked_compile_option",
+    "chunked_token_logprobs",
+    "compiled_chunk_kernels",
+    "naive_token_logprobs",
+]
 
 
 def _chunk_stats(
@@ -60,7 +79,8 @@ class _ChunkedLogProbs(torch.autograd.Function):
     """Log-probs and entropy over row chunks with a hand-written backward.
 
     Forward keeps only ``lse = logsumexp(z)`` and ``m = E_p[z]`` per row; backward recomputes each
-    chunk's logits and forms the gradient w.r.t. the logits in place (two (chunk, V) buffers)::
+    chunk's logits and forms the gradient w.r.t. the logits in place (one (chunk, V) buffer; two
+    when the entropy is differentiated)::
 
         d logp / dz = onehot(y) - p          d H / dz = -p * (z - E_p[z])
 
@@ -77,6 +97,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
         scale: float,
         chunk: int,
         with_entropy: bool,
+        compiled: bool = False,
     ) -> tuple[Tensor, Tensor]:
         n = h.shape[0]
         acc = torch.promote_types(h.dtype, torch.float32)
@@ -84,19 +105,24 @@ class _ChunkedLogProbs(torch.autograd.Function):
         ent = h.new_zeros(n, dtype=acc)
         lse_all = h.new_empty(n, dtype=acc)
         mean_all = h.new_zeros(n, dtype=acc)
+        kernels = compiled_chunk_kernels() if compiled else None
         for s in range(0, n, chunk):
+            if kernels is not None:
+                lp_c, lse_c, mean_c = kernels.forward(
+                    h[s : s + chunk], weight, bias, y[s : s + chunk], scale, with_entropy
+                )
+                logp[s : s + chunk], lse_all[s : s + chunk] = lp_c, lse_c
+                if with_entropy:
+                    mean_all[s : s + chunk], ent[s : s + chunk] = mean_c, lse_c - mean_c
+                continue
             z = _logits(h[s : s + chunk], weight, bias, scale)
-            lse = torch.logsumexp(z, dim=-1)
-            logp[s : s + chunk] = z.gather(-1, y[s : s + chunk].unsqueeze(-1)).squeeze(-1) - lse
-            lse_all[s : s + chunk] = lse
+            lp_c, lse_c, mean_c = _chunk_forward(z, y[s : s + chunk], with_entropy)
+            del z
+            logp[s : s + chunk], lse_all[s : s + chunk] = lp_c, lse_c
             if with_entropy:
-                p = (z - lse.unsqueeze(-1)).exp_()
-                m = torch.linalg.vecdot(p, z)  # E_p[z], no (c, V) product buffer
-                del p
-                mean_all[s : s + chunk] = m
-                ent[s : s + chunk] = lse - m
+                mean_all[s : s + chunk], ent[s : s + chunk] = mean_c, lse_c - mean_c
         ctx.save_for_backward(h, weight, bias, y, lse_all, mean_all)
-        ctx.scale, ctx.chunk, ctx.with_entropy = scale, chunk, with_entropy
+        ctx.scale, ctx.chunk, ctx.with_entropy, ctx.compiled = scale, chunk, with_entropy, compiled
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None: skipped
         return logp, ent
 
@@ -104,7 +130,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
     def backward(ctx: Any, g_logp: Tensor | None, g_ent: Tensor | None) -> Any:
         h, weight, bias, y, lse_all, mean_all = ctx.saved_tensors
         if g_logp is None and g_ent is None:
-            return None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None
         if g_logp is None:
             g_logp = torch.zeros_like(lse_all)
         use_ent = ctx.with_entropy and g_ent is not None  # no gradient reached the entropy: skip
@@ -114,32 +140,142 @@ class _ChunkedLogProbs(torch.autograd.Function):
         acc = lse_all.dtype
         grad_w = torch.zeros_like(weight, dtype=acc) if need_w else None
         grad_b = torch.zeros_like(bias, dtype=acc) if need_b and bias is not None else None
+        kernels = compiled_chunk_kernels() if ctx.compiled else None
         for s in range(0, h.shape[0], chunk):
-            hc = h[s : s + chunk]
-            z = _logits(hc, weight, bias, scale)  # (c, V) float32
-            p = (z - lse_all[s : s + chunk].unsqueeze(-1)).exp_()
-            gl = g_logp[s : s + chunk].unsqueeze(-1).to(z.dtype)
-            if use_ent:
-                assert g_ent is not None
-                # g_z = -g_H * p * (z - m) - g_lp * p  (+ g_lp at the target)
-                z.sub_(mean_all[s : s + chunk].unsqueeze(-1)).mul_(p).mul_(
-                    -g_ent[s : s + chunk].unsqueeze(-1).to(z.dtype)
+            hc, sl = h[s : s + chunk], slice(s, s + chunk)
+            g_e = g_ent[sl] if use_ent and g_ent is not None else None
+            if kernels is not None:
+                z = kernels.logit_grad(
+                    hc, weight, bias, y[sl], lse_all[sl], mean_all[sl], g_logp[sl], g_e, scale
                 )
-                z.sub_(p.mul_(gl))
             else:
-                z = p.mul_(-gl)
-            del p
-            z.scatter_add_(-1, y[s : s + chunk].unsqueeze(-1), gl)
-            z.mul_(scale)  # chain rule through z = (h W^T + b) * scale
+                z = _logit_grad(hc, weight, bias, y[sl], lse_all[sl], mean_all[sl], g_logp[sl], g_e, scale)
             if grad_h is not None:
                 grad_h[s : s + chunk] = (z.to(weight.dtype) @ weight).to(h.dtype)
             if grad_w is not None:
                 grad_w.addmm_(z.t(), hc.to(acc))
             if grad_b is not None:
                 grad_b.add_(z.sum(0))
+            del z  # before the next chunk's buffers are allocated
         gw = grad_w.to(weight.dtype) if grad_w is not None else None
         gb = grad_b.to(bias.dtype) if grad_b is not None else None
-        return grad_h, gw, gb, None, None, None, None
+        return grad_h, gw, gb, None, None, None, None, None
+
+
+def _logit_grad(
+    h: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    y: Tensor,
+    lse: Tensor,
+    mean: Tensor,
+    g_logp: Tensor,
+    g_ent: Tensor | None,
+    scale: float,
+) -> Tensor:
+    """The gradient w.r.t. the chunk's pre-scale logits, in place in the recomputed logits' buffer::
+
+        g_z = (g_lp (onehot(y) - p) - g_H p (z - E_p[z])) * scale
+
+    Shapes: h (c, H), y / lse / mean / g_logp / g_ent (c,) -> (c, V) float32."""
+    z = _logits(h, weight, bias, scale)  # (c, V) float32
+    gl = g_logp.unsqueeze(-1).to(z.dtype)
+    if g_ent is not None:
+        p = (z - lse.unsqueeze(-1)).exp_()  # a second (c, V) buffer: the entropy term needs z too
+        # g_z = -g_H * p * (z - m) - g_lp * p  (+ g_lp at the target)
+        z.sub_(mean.unsqueeze(-1)).mul_(p).mul_(-g_ent.unsqueeze(-1).to(z.dtype))
+        z.sub_(p.mul_(gl))
+        del p
+    else:
+        z = z.sub_(lse.unsqueeze(-1)).exp_().mul_(-gl)  # -g_lp * p, in the logits' own buffer
+    z.scatter_add_(-1, y.unsqueeze(-1), gl)
+    return z.mul_(scale)  # chain rule through z = (h W^T + b) * scale
+
+
+# vocabulary columns per block where a chunk's forward needs exp(u) beside u (the entropy): the
+# second buffer is (chunk, VOCAB_BLOCK), not (chunk, V)
+VOCAB_BLOCK = 4096
+
+
+def _chunk_forward(z: Tensor, y: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """One chunk's ``log p(y)``, ``lse = logsumexp(z)`` and ``E_p[z]`` (zeros without entropy) from
+    its scaled logits ``z`` (c, V) float32, which it overwrites: one (c, V) buffer per chunk.
+
+    With ``u = z - max_v z`` (in place), ``s = sum_v exp(u)``: ``lse = max + log s`` and
+    ``E_p[z] = max + sum_v exp(u) u / s``. Without the entropy ``exp(u)`` is taken in place too;
+    with it, ``exp(u)`` is formed `VOCAB_BLOCK` columns at a time (a (c, VOCAB_BLOCK) buffer), as
+    ``E_p[z]`` needs ``u`` and ``exp(u)`` together. Shapes: y (c,) -> three (c,)."""
+    zy = z.gather(-1, y.unsqueeze(-1)).squeeze(-1)
+    top = z.amax(dim=-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # rows of -inf: no nan
+    u = z.sub_(top)
+    if not with_entropy:
+        lse = top.squeeze(-1) + u.exp_().sum(-1).log_()
+        return zy - lse, lse, torch.zeros_like(lse)
+    total = u.new_zeros(u.shape[0])
+    weighted = u.new_zeros(u.shape[0])
+    for j in range(0, u.shape[1], VOCAB_BLOCK):
+        ub = u[:, j : j + VOCAB_BLOCK]
+        e = ub.exp()
+        total += e.sum(-1)
+        weighted += torch.linalg.vecdot(e, ub)
+    lse = top.squeeze(-1) + total.log()
+    return zy - lse, lse, top.squeeze(-1) + weighted / total
+
+
+def _forward_stats_pure(
+    h: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, scale: float, with_entropy: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One chunk's ``log p(y)``, ``lse = logsumexp(z)`` and ``E_p[z]`` (zeros without entropy), with
+    no in-place ops (for `torch.compile`). Shapes: h (c, H), y (c,) -> three (c,) float32."""
+    z = F.linear(h, weight, bias).float() * scale
+    lse = torch.logsumexp(z, dim=-1)
+    logp = z.gather(-1, y.unsqueeze(-1)).squeeze(-1) - lse
+    mean = (torch.exp(z - lse.unsqueeze(-1)) * z).sum(-1) if with_entropy else torch.zeros_like(lse)
+    return logp, lse, mean
+
+
+def _logit_grad_pure(
+    h: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    y: Tensor,
+    lse: Tensor,
+    mean: Tensor,
+    g_logp: Tensor,
+    g_ent: Tensor | None,
+    scale: float,
+) -> Tensor:
+    """`_logit_grad` without in-place ops (for `torch.compile`): the same formula, (c, V) float32."""
+    z = F.linear(h, weight, bias).float() * scale
+    p = torch.exp(z - lse.unsqueeze(-1))
+    gl = g_logp.unsqueeze(-1).float()
+    g = -gl * p
+    if g_ent is not None:
+        g = g - g_ent.unsqueeze(-1).float() * p * (z - mean.unsqueeze(-1))
+    g = g.scatter_add(-1, y.unsqueeze(-1), gl)
+    return g * scale
+
+
+class ChunkKernels:
+    """The compiled per-chunk functions of `chunked_token_logprobs(compiled=True)`.
+
+    Attributes:
+        forward: ``(h, weight, bias, y, scale, with_entropy) -> (log p(y), lse, E_p[z])``.
+        logit_grad: ``(h, weight, bias, y, lse, mean, g_logp, g_ent, scale) -> g_z`` (c, V).
+    """
+
+    def __init__(self, forward: Callable[..., Any], logit_grad: Callable[..., Any]) -> None:
+        self.forward = forward
+        self.logit_grad = logit_grad
+
+
+@functools.cache
+def compiled_chunk_kernels() -> ChunkKernels:
+    """`torch.compile` of the chunk functions, built once per process (compilation itself happens
+    at the first call of each shape; the last, shorter chunk compiles once more, then shapes are
+    dynamic)."""
+    return ChunkKernels(torch.compile(_forward_stats_pure), torch.compile(_logit_grad_pure))
 
 
 def _logits(h: Tensor, weight: Tensor, bias: Tensor | None, scale: float) -> Tensor:
@@ -162,6 +298,7 @@ def chunked_token_logprobs(
     logit_scale: float = 1.0,
     softcap: float | None = None,
     recompute: bool | None = None,
+    compiled: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs of ``targets`` (and exact entropy) from hidden states, ``chunk_size`` rows at a time.
 
@@ -177,6 +314,8 @@ def chunked_token_logprobs(
             Gemma 2's ``final_logit_softcapping``), applied before the temperature.
         recompute: checkpoint each chunk so the backward recomputes its logits; default: when
             gradients are enabled and ``hidden`` or ``weight`` requires grad.
+        compiled: run each chunk's work through `torch.compile` (`compiled_chunk_kernels`; same
+            values up to float rounding). Needs ``chunk_size`` (not None) and no ``softcap``.
     """
     _check_logprob_inputs(hidden, targets, temperature)
     lead = targets.shape
@@ -187,16 +326,47 @@ def chunked_token_logprobs(
     if recompute is None:
         recompute = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     inv_t = 1.0 / float(temperature)
-    if softcap is None and size < n:
-        # Hand-written backward: no per-chunk autograd graph, two (chunk, V) buffers at a time.
+    if compiled:
+        _check_compiled(chunk_size, softcap)
+    if softcap is None and (size < n or compiled):
+        # Hand-written backward: no per-chunk autograd graph, one or two (chunk, V) buffers.
         lp_flat, ent_flat = _ChunkedLogProbs.apply(  # type: ignore[no-untyped-call]
-            h, weight, bias, y, logit_scale * inv_t, size, with_entropy
+            h, weight, bias, y, logit_scale * inv_t, size, with_entropy, compiled
         )
         return lp_flat.reshape(lead), (ent_flat.reshape(lead) if with_entropy else None)
     logp, entropy = _autograd_chunks(
         h, weight, bias, y, size, inv_t, logit_scale, softcap, with_entropy, recompute=recompute and size < n
     )
     return logp.reshape(lead), (entropy.reshape(lead) if entropy is not None else None)
+
+
+def checked_compile_option(compile_logprobs: bool, logprob_chunk_size: int | None) -> bool:
+    """``compile_logprobs`` of `grpo.llm.CausalLMPolicy`, checked against its chunk size: a
+    TypeError for a non-bool, a ValueError when it is True without chunks (the compiled kernels
+    are the chunked path's)."""
+    if not isinstance(compile_logprobs, bool):
+        raise TypeError(f"compile_logprobs={compile_logprobs!r} must be True or False.")
+    if compile_logprobs and logprob_chunk_size is None:
+        raise ValueError(
+            "compile_logprobs=True compiles the chunked LM-head kernels, but logprob_chunk_size=None "
+            "scores with the model's full logits; set logprob_chunk_size (e.g. 512) or "
+            "compile_logprobs=False."
+        )
+    return compile_logprobs
+
+
+def _check_compiled(chunk_size: int | None, softcap: float | None) -> None:
+    """ValueError for the settings ``compiled=True`` does not cover."""
+    if chunk_size is None:
+        raise ValueError(
+            "compiled=True compiles the chunked LM-head kernels, but chunk_size=None asks for the "
+            "full-logits computation; give a chunk size (e.g. chunk_size=512) or compiled=False."
+        )
+    if softcap is not None:
+        raise ValueError(
+            f"compiled=True does not cover soft-capped logits (softcap={softcap!r}, Gemma 2's "
+            "final_logit_softcapping); use compiled=False for this model."
+        )
 
 
 def _check_logprob_inputs(hidden: Tensor, targets: Tensor, temperature: float) -> None:

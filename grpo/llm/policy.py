@@ -35,7 +35,7 @@ from grpo.engine.distributed import get_world_size, is_main_process
 from grpo.engine.fsdp import full_state_dict, is_fsdp_sharded, run_as_forward
 from grpo.llm._deps import require
 from grpo.llm.data import is_chat, prompt_text
-from grpo.llm.logprobs import chunked_token_logprobs
+from grpo.llm.logprobs import checked_compile_option, chunked_token_logprobs
 from grpo.llm.lora import REFERENCE_ADAPTER, SeparateAdapterReference, add_reference_adapter
 from grpo.policy_base import EntropyRequest, PolicyOutput, entropy_grad_mode
 
@@ -56,6 +56,9 @@ class Completion:
         temperature: the temperature it was sampled at (log-probs are computed at it).
         min_new_tokens: EOS was forbidden at its first ``min_new_tokens`` positions when it was
             sampled; log-probs are computed with the same ban (the density it was drawn from).
+        loss_mask: None (every token is the model's and scored), or (T,) bool: False at tokens
+            that stay in the context but are not the model's (a multi-turn episode's environment
+            tokens, `grpo.llm.multiturn`): their log-probs are 0 and masked out of the loss.
     """
 
     prompt_ids: Tensor
@@ -64,6 +67,7 @@ class Completion:
     finished: bool
     temperature: float = 1.0
     min_new_tokens: int = 0
+    loss_mask: Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.token_ids.shape[0])
@@ -285,6 +289,10 @@ class CausalLMPolicy:
             ``"reference"`` (a copy of the actor adapter at construction) as the KL reference,
             refreshed by ``GRPOConfig.reference_update_freq`` (`grpo.llm.lora`). Default False:
             the reference is the model with its adapter disabled (the base weights; no memory).
+        compile_logprobs: run the chunked LM-head log-prob kernels through `torch.compile`
+            (`grpo.llm.logprobs.compiled_chunk_kernels`; same values up to float rounding; the
+            first scoring call compiles). Needs ``logprob_chunk_size``. Off by default: measured
+            in benchmarks/llm_memory.py (docs/llm.md, Fused kernels).
     """
 
     def __init__(
@@ -308,6 +316,7 @@ class CausalLMPolicy:
         min_new_tokens: int = 0,
         max_model_len: int | None = None,
         use_separate_reference_adapter: bool = False,
+        compile_logprobs: bool = False,
     ) -> None:
         _check_sampling_options(
             max_new_tokens, temperature, top_p, top_k, min_p, repetition_penalty, min_new_tokens
@@ -332,6 +341,7 @@ class CausalLMPolicy:
         self.system_prompt = system_prompt
         self.max_prompt_length = max_prompt_length
         self.logprob_chunk_size = logprob_chunk_size
+        self.compile_logprobs = checked_compile_option(compile_logprobs, logprob_chunk_size)
         self.autocast = autocast
         self.generation_batch_size = generation_batch_size
         self.min_new_tokens = min_new_tokens
@@ -469,12 +479,34 @@ class CausalLMPolicy:
         max_model_len - its prompt length)`` tokens (`completion_budgets`).
         """
         opts = self.sampling_options(kwargs)
-        transformers = require("transformers")
         g = int(num_actions_per_state)
         prompts = [torch.tensor(self.encode_prompt(s), dtype=torch.long) for s in states]
         budgets = self.completion_budgets([int(p.shape[0]) for p in prompts], opts.max_new_tokens)
         rows = [p for p in prompts for _ in range(g)]  # group-major: row k is prompt k // g
         row_budgets = [b for b in budgets for _ in range(g)]
+        out = self.generate_from_ids(rows, row_budgets, opts)
+        return [out[k * g : (k + 1) * g] for k in range(len(prompts))]
+
+    def generate_from_ids(
+        self, contexts: Sequence[Tensor], budgets: Sequence[int], options: SamplingOptions | None = None
+    ) -> list[Completion]:
+        """One sampled `Completion` per context: ``contexts[i]`` (P_i,) int64 token ids on CPU (no
+        padding; they become the completion's ``prompt_ids``), at most ``budgets[i]`` (>= 1) new
+        tokens, cut after the first EOS id. All rows go through ``generate`` together (in
+        ``generation_batch_size`` chunks), with the sampling ``options`` (None = the
+        constructor's; `sampling_options` builds them from keyword overrides). `generate_actions`
+        is this on the encoded prompts; a multi-turn rollout (`grpo.llm.multiturn`) calls it once
+        per turn on the active episodes' contexts."""
+        opts = self.sampling_options({}) if options is None else options
+        if len(contexts) != len(budgets) or not contexts:
+            raise ValueError(
+                f"generate_from_ids got {len(contexts)} contexts and {len(budgets)} budgets; give "
+                f"one budget (max new tokens) per context, and at least one context."
+            )
+        if min(budgets) < 1:
+            raise ValueError(f"generate_from_ids: every budget must be >= 1 new token, got {min(budgets)}.")
+        transformers = require("transformers")
+        rows, row_budgets = list(contexts), [int(b) for b in budgets]
         device = self.device
         # ZeRO-3 or FSDP on several processes: every forward all-gathers weights, so every rank
         # keeps stepping until all ranks' sequences are done (rows that finished only get padding).
@@ -493,7 +525,7 @@ class CausalLMPolicy:
             n_tokens += sum(len(c) for c in completions)
             out.extend(completions)
         self.last_generation = {"completion_tokens": float(n_tokens), "seconds": time.perf_counter() - t0}
-        return [out[k * g : (k + 1) * g] for k in range(len(prompts))]
+        return out
 
     def sampling_options(self, overrides: Mapping[str, Any]) -> SamplingOptions:
         """The constructor's sampling settings with one call's keyword ``overrides``, checked
@@ -649,6 +681,11 @@ class CausalLMPolicy:
         mask = torch.arange(t).unsqueeze(0) < lengths.unsqueeze(1)  # (N, T) by position
         input_ids = torch.cat([prompt_ids, comp_ids], dim=1)[:, :-1].to(device)  # (N, P+T-1)
         attn = torch.cat([prompt_attn, mask.long()], dim=1)[:, :-1].to(device)
+        if any(c.loss_mask is not None for c in comps):  # tokens in the context, not in the loss
+            mask = mask.clone()
+            for i, c in enumerate(comps):
+                if c.loss_mask is not None:
+                    mask[i, : len(c)] &= c.loss_mask.to(torch.bool)
         position_ids = (attn.cumsum(dim=1) - 1).clamp(min=0)
         targets = comp_ids.to(device)  # token P+j is scored by the hidden state at P+j-1
         return _ScoringInputs(input_ids, attn, position_ids, targets, mask.to(device), prompt_ids.shape[1])
@@ -697,7 +734,7 @@ class CausalLMPolicy:
                     lp, ent = chunked_token_logprobs(
                         h, head.weight, targets, bias=head.bias, temperature=temperature,
                         chunk_size=self.logprob_chunk_size, with_entropy=bool(with_entropy),
-                        logit_scale=scale, softcap=softcap,
+                        logit_scale=scale, softcap=softcap, compiled=self.compile_logprobs,
                     )  # fmt: skip
                     if ban is None:
                         return lp, ent
