@@ -16,6 +16,9 @@ on seeds 1_000_000.. (the same for every row; evaluation steps are not counted).
   returns-to-go of each batch, 10 Adam epochs): the per-step rewards are reshaped as
   ``r'_t = r_t + gamma V(s_{t+1}) - V(s_t)`` (``V = 0`` after the last step), whose
   return-to-go telescopes to ``G_t - V(s_t)``, then group-normalised per step as usual;
+* ``value-gae``: the same shaped rewards ``delta_t`` (gamma 0.99) with the trainer's discount set
+  to ``gamma * lambda = 0.99 * 0.95``: the return-to-go of ``delta`` is then PPO's GAE(0.99, 0.95)
+  advantage, a bootstrapped one (a reference for what a critic's bootstrap buys);
 * ``ppo``: stable-baselines3 ``PPO("MlpPolicy", env, seed=seed, device="cpu")`` with its
   defaults (run with an interpreter that has stable-baselines3; never a grpo dependency).
 
@@ -136,7 +139,7 @@ def grpo_row(env_id: str, row: str, seed: int, budget: int, overrides: dict[str,
     rng = np.random.default_rng(seed)
     trunk = None
     if row.startswith(("episodes", "value")):
-        m = re.fullmatch(r"(?:episodes|value)(?:-B(\d+)-G(\d+))?(?:-seg)?", row)
+        m = re.fullmatch(r"(?:episodes|value(?:-gae)?)(?:-B(\d+)-G(\d+))?(?:-seg)?", row)
         if m is None:
             raise ValueError(f"unknown row {row!r}")
         b, g = (int(m.group(1)), int(m.group(2))) if m.group(1) else (4, 4)
@@ -157,11 +160,13 @@ def grpo_row(env_id: str, row: str, seed: int, budget: int, overrides: dict[str,
             assert trunk is not None
             return trunk.sample(b)
 
+    if row.startswith("value-gae"):  # the return-to-go of delta_t under gamma * lambda is GAE
+        overrides = {"gamma": 0.99 * 0.95, **overrides}
     config = GRPOConfig.recipe("small_policy", group_size=g, batch_size=b, seed=seed, **overrides)
     # "-seg": one return per episode / branch (segment credit), else per-step returns-to-go
     reward: Any = EpisodeReturn(gamma=config.gamma) if row.endswith("-seg") else EpisodeRewards()
     if row.startswith("value"):
-        reward = ValueBaseline(obs_dim, config.gamma, seed)
+        reward = ValueBaseline(obs_dim, 0.99 if row.startswith("value-gae") else config.gamma, seed)
     trainer = GRPOTrainer(config, policy, reward)
     t0 = time.perf_counter()
     updates = 0
