@@ -417,11 +417,18 @@ def tiny_model_and_prompts(directory: Path, n: int, arch: str = "llama") -> None
             f.write(json.dumps({"q": f"{i}+1="}) + "\n")
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+_LORA_FLAGS = ["--lora", "--gradient-checkpointing", "--gradient-accumulation-steps", "2"]
+
+
+# full fine-tuning under ZeRO-2 and LoRA under ZeRO-3 in the default run; the other two in `slow`
 @pytest.mark.parametrize(
-    "extra",
-    [[], ["--lora", "--gradient-checkpointing", "--gradient-accumulation-steps", "2"]],
-    ids=["full", "lora"],
+    ("extra", "stage"),
+    [
+        pytest.param([], 2, id="full-2"),
+        pytest.param([], 3, id="full-3", marks=pytest.mark.slow),
+        pytest.param(_LORA_FLAGS, 2, id="lora-2", marks=pytest.mark.slow),
+        pytest.param(_LORA_FLAGS, 3, id="lora-3"),
+    ],
 )
 def test_grpo_train_under_accelerate_deepspeed(tmp_path: Path, extra: list[str], stage: int) -> None:
     """Two processes with the variables `accelerate launch --config_file
@@ -524,7 +531,7 @@ def test_zero3_llm_policy_generation_in_step_and_gathered_save(tmp_path: Path) -
     assert moved > 1e-4  # trained weights, not the initial ones
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", [2, pytest.param(3, marks=pytest.mark.slow)])  # ZeRO-3 in `slow`
 def test_accelerate_launch_with_the_shipped_config(tmp_path: Path, stage: int) -> None:
     """The documented command, for real: `accelerate launch --config_file
     examples/configs/accelerate_zero{2,3}.yaml --num_processes 2 --mixed_precision bf16 -m
@@ -558,7 +565,7 @@ def test_accelerate_launch_with_the_shipped_config(tmp_path: Path, stage: int) -
     assert all(bool(p.isfinite().all()) and p.abs().max() > 0 for p in model.parameters())
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", [2, pytest.param(3, marks=pytest.mark.slow)])  # ZeRO-3 in `slow`
 def test_bandit_example_under_torchrun_learns_the_same_with_zero(stage: int) -> None:
     """`torchrun --nproc_per_node=2 examples/distributed_bandit.py --deepspeed
     examples/configs/deepspeed_zero{2,3}.json`: the printed learning curve (reward, gradient norm,
