@@ -513,3 +513,129 @@ def test_lora_with_a_separate_reference_adapter_and_generation_limits(
     assert (final / "adapter_model.safetensors").exists()
     assert not (final / "reference").exists()  # the reference adapter is not saved
     assert json.loads((final / "grpo_llm_checkpoint.json").read_text())["kind"] == "lora"
+
+
+# ---- --env: multi-turn episodes from the command line ---------------------------------------------
+GUESSING_ENV = Path(__file__).parent / "data" / "guessing_env.py"
+
+
+def test_env_options_parse_and_are_checked_before_any_model_loads() -> None:
+    """--env makes --dataset optional (--num-starts instead); the options that only shape the
+    single-turn path, a second source of starts, evaluation, --min-new-tokens and a discount
+    without --per-turn-credit are refused with the fix; the episode options need --env."""
+    from grpo.llm.cli import build_config, parse_args
+
+    env = ["--model-name", "m", "--env", f"{GUESSING_ENV}:make_env"]
+    args = parse_args([*env, "--num-starts", "6", "--max-turns", "3", "--max-total-tokens", "40"])
+    assert (args.env, args.num_starts, args.max_turns, args.max_total_tokens) == (
+        f"{GUESSING_ENV}:make_env", 6, 3, 40,
+    )  # fmt: skip
+    assert (args.per_turn_credit, args.start_column, args.dataset) == (False, "start", None)
+    args = parse_args([*env, "--dataset", "s.jsonl", "--per-turn-credit", "--gamma", "0.9"])
+    assert (args.per_turn_credit, build_config(args).gamma) == (True, 0.9)
+    dr = build_config(
+        parse_args([*env, "--num-starts", "2", "--recipe", "dr_grpo", "--max-total-tokens", "50"])
+    )
+    assert dr.loss_normaliser == 50.0  # Dr. GRPO's constant: an episode's token budget
+    plain = parse_args(["--model-name", "m", "--dataset", "d.jsonl"])
+    assert (plain.env, plain.max_turns, plain.max_total_tokens, plain.num_starts) == (None, 8, 1024, None)
+    bad = {
+        r"--reward, --reward-convention shape the single-turn rewards and prompts; with --env the "
+        r"reward is the environment's": [
+            "--num-starts", "2", "--reward", "format", "--reward-convention", "trl",
+        ],
+        r"--prompt-column shape the single-turn": ["--num-starts", "2", "--prompt-column", "q"],
+        "--dataset and --num-starts both give the start states; give one": [
+            "--num-starts", "2", "--dataset", "s.jsonl",
+        ],
+        r"--env needs start states: --dataset PATH .* or --num-starts N": [],
+        "--eval-dataset is not available with --env": [
+            "--num-starts", "2", "--eval-dataset", "e.jsonl", "--eval-every", "1",
+        ],
+        "--use-chat-template no: --env renders": ["--num-starts", "2", "--use-chat-template", "no"],
+        "--min-new-tokens=2 would ban the end-of-turn token": ["--num-starts", "2", "--min-new-tokens", "2"],
+        r"--gamma=0.9 discounts turns only with --per-turn-credit": ["--num-starts", "2", "--gamma", "0.9"],
+        r"--max-turns=0 must be >= 1": ["--num-starts", "2", "--max-turns", "0"],
+        r"--num-starts=0 must be >= 1": ["--num-starts", "0"],
+    }  # fmt: skip
+    for message, more in bad.items():
+        with pytest.raises(SystemExit, match=message):
+            parse_args([*env, *more])
+    with pytest.raises(
+        SystemExit, match=r"--env 'guess': expected module:factory or path/to/file.py:factory"
+    ):
+        parse_args(["--model-name", "m", "--env", "guess", "--num-starts", "2"])
+    with pytest.raises(
+        SystemExit, match=r"--max-turns, --per-turn-credit set the multi-turn episodes, but no --env"
+    ):
+        parse_args(["--model-name", "m", "--dataset", "d.jsonl", "--max-turns", "2", "--per-turn-credit"])
+    with pytest.raises(SystemExit, match="--dataset is required"):
+        parse_args(["--model-name", "m"])
+
+
+def test_load_starts_reads_a_column_or_whole_rows(tmp_path: Path) -> None:
+    from grpo.llm.cli import load_starts
+
+    f = tmp_path / "s.jsonl"
+    f.write_text('{"start": 3, "note": "a"}\n\n{"start": {"secret": 2}}\n')
+    assert load_starts(f) == [3, {"secret": 2}]
+    f.write_text('{"secret": 4}\n7\n')
+    assert load_starts(f) == [{"secret": 4}, 7]  # no row has the column: each row is a start
+    with pytest.raises(ValueError, match=r"row 1 has no 'secret' column \(7\) but others do; give every row"):
+        load_starts(f, column="secret")
+    j = tmp_path / "s.json"
+    j.write_text(json.dumps([{"start": 0}, {"start": 1}]))
+    assert load_starts(j) == [0, 1]
+    j.write_text(json.dumps({"start": 0}))
+    with pytest.raises(ValueError, match="holds a JSON dict; expected a list of start states"):
+        load_starts(j)
+    with pytest.raises(FileNotFoundError, match="the start states of --env"):
+        load_starts(tmp_path / "missing.jsonl")
+
+
+def env_args(setup: Path, out: Path, *more: str) -> list[str]:
+    return [
+        "--model-name", str(setup / "model"), "--env", f"{GUESSING_ENV}:make_shaped_env", "--batch-size", "2",
+        "--num-generations", "2", "--max-new-tokens", "3", "--max-turns", "2", "--max-total-tokens", "40",
+        "--temperature", "1.0", "--device", "cpu", "--output-dir", str(out), "--no-progress",
+        "--logging-steps", "1", "--learning-rate", "0.05", "--save-steps", "2", "--seed", "3", *more,
+    ]  # fmt: skip
+
+
+def test_env_run_resumed_equals_the_uninterrupted_run_bitwise(setup: Path, tmp_path: Path) -> None:
+    """grpo-train --env: guessing-game episodes from --dataset starts (a column, mixed seeds and
+    records), turn-level credit with --gamma and a KL term; 4 steps in one run against 2, then
+    --resume to 4: the same weights bit for bit and the same step records. The completions table
+    holds whole conversations; a factory that returns no environment is named."""
+    from safetensors.torch import load_file
+
+    from grpo.llm.cli import main
+
+    starts = tmp_path / "starts.jsonl"
+    starts.write_text("".join(json.dumps({"start": s}) + "\n" for s in [0, {"secret": 2}, 5, {"secret": 4}]))
+    common = ["--dataset", str(starts), "--per-turn-credit", "--gamma", "0.9", "--kl-coef", "0.1"]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert main(env_args(setup, whole, *common, "--max-steps", "4", "--log-completions-every", "4")) == 0
+    assert main(env_args(setup, parts, *common, "--max-steps", "2")) == 0
+    assert main(env_args(setup, parts, *common, "--max-steps", "4", "--resume")) == 0
+    a = load_file(whole / "final_model" / "model.safetensors")
+    b = load_file(parts / "final_model" / "model.safetensors")
+    base = load_file(setup / "model" / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert all(a[k].equal(b[k]) for k in a)
+    assert any(not a[k].equal(base[k]) for k in a)  # it trained
+    records = [
+        [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (whole, parts)
+    ]
+    assert [r["step"] for r in records[1]] == [1.0, 2.0, 3.0, 4.0]
+    for key in ("reward/mean", "loss/total", "kl/ref", "grad/norm", "completion/mean_length"):
+        assert [r[key] for r in records[0]] == [r[key] for r in records[1]], key
+    assert json.loads((whole / "final_model" / "grpo_llm_checkpoint.json").read_text())["step"] == 4
+    rows = [json.loads(x) for x in (whole / "completions.jsonl").read_text().splitlines()]
+    assert len(rows) == 4  # step 4's 2 x 2 episodes, each the whole conversation
+    assert all(r["completion"].startswith("user: I am thinking of") for r in rows)
+    assert main(env_args(setup, tmp_path / "seeds", "--num-starts", "4", "--max-steps", "1")) == 0
+    (m,) = [json.loads(x) for x in (tmp_path / "seeds" / "metrics.jsonl").read_text().splitlines()]
+    assert m["reward/mean"] > 0.0  # the seeds 0..3 as starts; the shaped reward of the turns
+    with pytest.raises(TypeError, match=r"make_env\(4\) returned list .* expected a TextEnvironment of 4"):
+        main(env_args(setup, tmp_path / "bad", "--env", f"{GUESSING_ENV}:not_an_env", "--num-starts", "2"))

@@ -1,5 +1,5 @@
 """grpo.llm: the Hugging Face path — a causal-LM policy, reward helpers, prompt data, model
-checkpoints, a CLI.
+checkpoints, multi-turn episodes against text environments, a CLI.
 
 Needs the ``llm`` extra (``pip install 'torch-grpo[llm]'``, or ``pip install -e '.[llm]'`` in a
 checkout: transformers, peft, accelerate, safetensors, datasets, pyyaml, tqdm). ``import grpo``
@@ -21,6 +21,11 @@ The KL reference needs no argument: a LoRA policy offers its model with the adap
 frozen second adapter (`SeparateAdapterReference`); for full fine-tuning the trainer keeps a
 frozen copy. Reward functions may follow grpo's positional convention or TRL's keyword one
 (`reward_signature`). See docs/llm.md.
+
+Multi-turn episodes (`grpo.llm.multiturn`, docs/multiturn.md): `MultiTurnPolicy` plays a
+`CausalLMPolicy` against a `grpo.envs.TextEnvironment`, each whole episode one action (a
+`Conversation`, environment tokens masked out of the loss); `ConversationReward` scores it (the
+cumulative episode reward, or turn-level credit); `MultiTurnReference` is its KL reference.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from grpo.llm.checkpoint import LoadedCheckpoint, load_llm_checkpoint, save_llm_
 from grpo.llm.data import PromptBatches, PromptDataset, ShuffledRecords, prompt_text
 from grpo.llm.logprobs import chunked_token_logprobs, naive_token_logprobs
 from grpo.llm.lora import SeparateAdapterReference
+from grpo.llm.multiturn import Conversation, ConversationReward, MultiTurnPolicy, MultiTurnReference
 from grpo.llm.policy import CausalLMPolicy, Completion, DisabledAdapterReference
 from grpo.llm.rewards import (
     RewardFunctions,
@@ -56,8 +62,12 @@ from grpo.llm.rewards import (
 __all__ = [
     "CausalLMPolicy",
     "Completion",
+    "Conversation",
+    "ConversationReward",
     "DisabledAdapterReference",
     "LoadedCheckpoint",
+    "MultiTurnPolicy",
+    "MultiTurnReference",
     "PromptBatches",
     "PromptDataset",
     "RewardFunctions",

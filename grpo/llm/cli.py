@@ -8,14 +8,22 @@ Every option is a dataclass field, declared once, with its help text in the fiel
 (`grpo.runtime.dataclass_args`): every `GRPOConfig` field (``--kl-coeff``, ``--policy-loss``,
 ``--fsdp``, ``--deepspeed``, ... a field added to `GRPOConfig` appears here by itself) and the
 command's own options below (`ModelOptions`, `DataOptions`, `GenerationOptions`,
-`RewardOptions`, `RunOptions`, `OutputOptions`, `EvaluationOptions`) and the fields of
-`grpo.training.evaluation.EvalOptions` as ``--eval-*`` (``--eval-group-size``, ``--eval-ks``,
+`RewardOptions`, `RunOptions`, `OutputOptions`, `EvaluationOptions`, `EnvironmentOptions`) and
+the fields of `grpo.training.evaluation.EvalOptions` as ``--eval-*`` (``--eval-group-size``, ``--eval-ks``,
 ...). Seed 003's flags are spellings of the same options (`SEED_FLAGS`: ``--num-generations`` =
 ``--group-size``, ``--kl-coef`` = ``--kl-coeff``, ...), and ``--recipe NAME`` = ``--recipe-name``.
 ``--config FILE`` reads any of them from YAML or JSON (keys with ``-`` or ``_``; seed 001's
 ``adv_norm`` and ``use_kl_advantage_shaping`` too, `grpo.config.translate_seed_keywords`); a key
 that is no option is refused with the name it probably meant. Precedence: `GRPOConfig` defaults
 < this command's defaults (`CONFIG_DEFAULTS`) < the recipe < the config file < the command line.
+
+Multi-turn episodes: ``--env module:factory`` (or ``path.py:factory``; ``factory(num_envs) ->
+grpo.envs.TextEnvironment``) trains a `grpo.llm.multiturn.MultiTurnPolicy` around the causal LM
+(``--max-turns``, ``--max-total-tokens``; ``--max-new-tokens`` per turn) on the environment's
+`ConversationReward` (``--per-turn-credit``: turn-level credit discounted by ``--gamma``); the
+states are start states, ``--dataset`` rows (`load_starts`) or the seeds ``0 .. --num-starts - 1``,
+dealt and resumed like prompts. ``--reward`` and the other single-turn scoring options are
+refused with ``--env`` (the environment scores the episodes), as is ``--eval-dataset``.
 
 Training runs on `GRPOTrainer.train` (`grpo.training.loop`): ``step()`` reports the completion
 lengths (``completion/*``) and ``optim/lr``; what the command adds to each step's record (the
@@ -62,9 +70,11 @@ from grpo.algorithms.recipes import RECIPES, recipe_values
 from grpo.config import GRPOConfig, suggest_fields, translate_seed_keywords
 from grpo.engine.deepspeed import deepspeed_config_from
 from grpo.engine.distributed import get_world_size, is_main_process, main_process_only, rank_batches, shutdown
+from grpo.envs.protocol import TextEnvironment
 from grpo.llm._deps import require
 from grpo.llm.checkpoint import save_llm_checkpoint
 from grpo.llm.data import PromptBatches, PromptDataset
+from grpo.llm.multiturn import ConversationReward, MultiTurnPolicy
 from grpo.llm.policy import CausalLMPolicy
 from grpo.llm.rewards import (
     Convention,
@@ -93,6 +103,7 @@ __all__ = [
     "SEED_FLAGS",
     "CLIArgs",
     "DataOptions",
+    "EnvironmentOptions",
     "EvaluationOptions",
     "GenerationOptions",
     "ModelOptions",
@@ -103,6 +114,7 @@ __all__ = [
     "build_eval_options",
     "build_parser",
     "build_rewards",
+    "load_starts",
     "main",
     "parse_args",
     "train",
@@ -226,6 +238,35 @@ class RewardOptions:
     overlong_cache: int | None = _opt(None, "Soft over-length zone (tokens); none = a quarter of the limit.")
 
 
+@dataclass
+class EnvironmentOptions:
+    """Multi-turn episodes against a text environment (`grpo.llm.multiturn`): with ``--env`` the
+    policy plays whole conversations and the states are the environment's start states."""
+
+    env: str | None = _opt(
+        None,
+        "Train on multi-turn episodes: module:factory or path.py:factory, factory(num_envs) -> a "
+        "grpo.envs.TextEnvironment (e.g. TextEnv(GuessingGame, num_envs)). The states are start "
+        "states: --dataset rows (their --start-column, else the whole row) or the seeds "
+        "0..--num-starts-1; the reward is the environment's (no --reward); --max-new-tokens is "
+        "per turn.",
+        metavar="SPEC",
+    )
+    max_turns: int = _opt(8, "With --env: turns per episode at most (then truncated).")
+    max_total_tokens: int = _opt(
+        1024, "With --env: tokens after the first prompt (the model's and the environment's) at most."
+    )
+    per_turn_credit: bool = _opt(
+        False,
+        "With --env: turn-level credit (each turn's tokens get the discounted return-to-go of its "
+        "turn's rewards, discount --gamma per turn) instead of the cumulative episode reward.",
+    )
+    num_starts: int | None = _opt(
+        None, "With --env and no --dataset: the start states are the integer seeds 0..N-1."
+    )
+    start_column: str = _opt("start", "With --env and --dataset: the column holding each row's start state.")
+
+
 #: The name prefix of `EvalOptions`' options: ``--eval-group-size``, ``--eval-ks``, ...
 EVAL_PREFIX = "eval_"
 
@@ -300,6 +341,7 @@ _OPTION_GROUPS: tuple[tuple[str, type], ...] = (
     ("rewards", RewardOptions),
     ("output and logging", OutputOptions),
     ("evaluation", EvaluationOptions),
+    ("environment (multi-turn episodes)", EnvironmentOptions),
 )
 _CONFIG_TITLE = "GRPOConfig (the trainer; see grpo.config.GRPOConfig and docs/algorithms.md)"
 _ALIAS_ATTRIBUTES = {flag[2:].replace("-", "_"): name for name, flags in SEED_FLAGS.items() for flag in flags}
@@ -355,7 +397,7 @@ def parse_args(argv: Sequence[str] | None = None) -> CLIArgs:
     v = parsed.values
     if not v.get("model_name"):
         parser.fail("--model-name is required (on the command line or in --config).")
-    if not v.get("dataset"):
+    if not v.get("dataset") and not v.get("env"):
         parser.fail("--dataset is required (a .jsonl/.json/.parquet/.csv file or a save_to_disk dir).")
     for name in (
         "logging_steps",
@@ -363,6 +405,9 @@ def parse_args(argv: Sequence[str] | None = None) -> CLIArgs:
         "gradient_accumulation_steps",
         "eval_every",
         "log_completions_every",
+        "max_turns",
+        "max_total_tokens",
+        "num_starts",
     ):
         if v[name] is not None and v[name] < 1:
             parser.fail(f"--{name.replace('_', '-')}={v[name]} must be >= 1.")
@@ -372,6 +417,7 @@ def parse_args(argv: Sequence[str] | None = None) -> CLIArgs:
         config = resolve_config(parsed)
         _extractor(v["answer_extractor"], "--answer-extractor")
         _check_evaluation(parsed, config)
+        _check_environment(parsed, config)
     except (ValueError, TypeError) as e:
         parser.fail(str(e))
     args = CLIArgs(**{k: x for k, x in v.items() if k not in _CONFIG_FIELDS}, config=parsed.file)
@@ -408,6 +454,62 @@ def _check_evaluation(parsed: ParsedValues, config: GRPOConfig) -> None:
         options.resolved_group_size(config)
 
 
+#: Options that shape the single-turn path only: refused with ``--env`` (the environment's
+#: rewards and start states replace them).
+_SINGLE_TURN_ONLY = (
+    *(f.name for f in dataclasses.fields(RewardOptions)),
+    "prompt_column",
+    "answer_column",
+)
+_ENV_ONLY = tuple(f.name for f in dataclasses.fields(EnvironmentOptions) if f.name != "env")
+
+
+def _check_environment(parsed: ParsedValues, config: GRPOConfig) -> None:
+    """Without ``--env`` no other option of `EnvironmentOptions`; with it, start states from one of
+    ``--dataset`` / ``--num-starts``, no option of the single-turn rewards (the environment's
+    `ConversationReward` replaces them, see `_SINGLE_TURN_ONLY`), no evaluation, the chat template
+    on, no ``--min-new-tokens``, and ``--gamma`` other than 1 only with ``--per-turn-credit``.
+    `ValueError` naming the options otherwise."""
+    v = parsed.values
+    if v["env"] is None:
+        stray = sorted(n for n in parsed.explicit if n in _ENV_ONLY)
+        if stray:
+            raise ValueError(
+                f"{_flags(stray)} set the multi-turn episodes, but no --env module:factory is given."
+            )
+        return
+    if ":" not in v["env"]:
+        raise ValueError(
+            f"--env {v['env']!r}: expected module:factory or path/to/file.py:factory, where "
+            f"factory(num_envs) returns a grpo.envs.TextEnvironment."
+        )
+    single = sorted(n for n in parsed.explicit if n in _SINGLE_TURN_ONLY)
+    problems = {
+        f"{_flags(single)} shape the single-turn rewards and prompts; with --env the reward is the "
+        f"environment's (ConversationReward: the sum of its turn rewards, or --per-turn-credit) and "
+        f"the states are its starts. Leave them out, or score inside the environment's step()": single,
+        "--dataset and --num-starts both give the start states; give one": v["dataset"] and v["num_starts"],
+        "--env needs start states: --dataset PATH (rows with a --start-column, else whole rows) or "
+        "--num-starts N (the seeds 0..N-1)": not v["dataset"] and v["num_starts"] is None,
+        "--eval-dataset is not available with --env (it evaluates prompts); leave it out and "
+        "evaluate with grpo.training.evaluation.evaluate on start states": v["eval_dataset"],
+        "--use-chat-template no: --env renders every turn with the tokenizer's chat template; "
+        "use auto or yes": v["use_chat_template"] == "no",
+        f"--min-new-tokens={v['min_new_tokens']} would ban the end-of-turn token at the start of "
+        f"every turn; use 0 with --env": v["min_new_tokens"],
+        f"--gamma={config.gamma} discounts turns only with --per-turn-credit (the cumulative episode "
+        f"reward is the plain sum); add --per-turn-credit or leave --gamma at 1": config.gamma != 1.0
+        and not v["per_turn_credit"],
+    }
+    for message, bad in problems.items():
+        if bad:
+            raise ValueError(message + ".")
+
+
+def _flags(names: Sequence[str]) -> str:
+    return ", ".join("--" + n.replace("_", "-") for n in names)
+
+
 def build_eval_options(args: argparse.Namespace) -> EvalOptions | None:
     """The `EvalOptions` of the ``--eval-*`` options (``--eval-answer`` read as an extractor
     name); None without ``--eval-dataset``. `ValueError` for a value `EvalOptions` refuses."""
@@ -426,7 +528,8 @@ def resolve_config(parsed: ParsedValues) -> GRPOConfig:
     """The `GRPOConfig` of parsed options: `CONFIG_DEFAULTS`, then the recipe (``--recipe``), then
     the explicit options. Derived here: ``micro_batch_size`` from ``--gradient-accumulation-steps``,
     ``loss_normaliser`` = ``--max-new-tokens`` for Dr. GRPO's aggregation when unset, and a
-    stand-in ``total_steps`` for a decaying schedule (train() sets the run's own)."""
+    stand-in ``total_steps`` for a decaying schedule (train() sets the run's own). With ``--env``
+    the normaliser is ``--max-total-tokens`` (an episode's tokens)."""
     explicit = parsed.for_dataclass(GRPOConfig, explicit_only=True)
     if explicit.get("checkpoint_freq") == 0:
         explicit["checkpoint_freq"] = None  # --save-steps 0: never (as before)
@@ -436,7 +539,8 @@ def resolve_config(parsed: ParsedValues) -> GRPOConfig:
     field_defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
     effective = {**field_defaults, **recipe, **values}
     if effective["loss_aggregation"] == "seq-mean-token-sum-norm" and effective["loss_normaliser"] is None:
-        values["loss_normaliser"] = float(parsed.values["max_new_tokens"])
+        budget = "max_total_tokens" if parsed.values["env"] else "max_new_tokens"  # an episode's bound
+        values["loss_normaliser"] = float(parsed.values[budget])
     if effective["lr_schedule"] != "constant" and effective["total_steps"] is None:
         values["total_steps"] = effective["warmup_steps"] + 1  # checked again with the real count
     gas = parsed.values["gradient_accumulation_steps"]
@@ -487,19 +591,21 @@ def _extractor(spec: str, flag: str = "--answer-extractor") -> Extractor:
     )
 
 
-def _load_callable(spec: str) -> Callable[..., Any]:
+def _load_callable(spec: str, flag: str = "--reward") -> Callable[..., Any]:
+    """The callable ``attr`` of ``module:attr`` or ``path/to/file.py:attr`` (``flag`` names the
+    option in the error)."""
     module_name, _, attr = spec.rpartition(":")
     if module_name.endswith(".py"):
         s = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
         if s is None or s.loader is None:
-            raise SystemExit(f"grpo-train: error: cannot load reward file {module_name!r}")
+            raise SystemExit(f"grpo-train: error: {flag}: cannot load the file {module_name!r}")
         module = importlib.util.module_from_spec(s)
         s.loader.exec_module(module)
     else:
         module = importlib.import_module(module_name)
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise SystemExit(f"grpo-train: error: {spec!r}: {module_name} has no callable {attr!r}")
+        raise SystemExit(f"grpo-train: error: {flag} {spec!r}: {module_name} has no callable {attr!r}")
     return fn  # type: ignore[no-any-return]
 
 
@@ -568,8 +674,11 @@ class _StepRewards(RewardFunctions):
 def _save(trainer: GRPOTrainer, directory: Path, args: argparse.Namespace, metrics: dict[str, float]) -> None:
     """The model (`save_llm_checkpoint`: the LoRA adapter only, or the whole model; the tokenizer)
     and ``trainer_state.json``, written by rank 0; every rank calls this and returns when the files
-    are complete. Under ZeRO-3 and FSDP every rank takes part in gathering the weights."""
-    policy = typing.cast(CausalLMPolicy, trainer.policy)  # train() built it
+    are complete. Under ZeRO-3 and FSDP every rank takes part in gathering the weights. With
+    ``--env`` the causal LM inside the `MultiTurnPolicy` is saved."""
+    policy = trainer.policy.policy if isinstance(trainer.policy, MultiTurnPolicy) else trainer.policy
+    policy = typing.cast(CausalLMPolicy, policy)  # train() built it
+    target = _PolicyAtStep(policy, trainer.step_count)  # what save_llm_checkpoint reads of a trainer
 
     def write_state() -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -578,14 +687,70 @@ def _save(trainer: GRPOTrainer, directory: Path, args: argparse.Namespace, metri
         (directory / "trainer_state.json").write_text(text, encoding="utf-8")
 
     def write_all() -> None:
-        save_llm_checkpoint(trainer, directory)
+        save_llm_checkpoint(target, directory)
         write_state()
 
     if policy.is_partitioned:
-        save_llm_checkpoint(trainer, directory)  # collective gather; rank 0 writes
+        save_llm_checkpoint(target, directory)  # collective gather; rank 0 writes
         main_process_only(write_state, None)
     else:
         main_process_only(write_all, None)
+
+
+def load_starts(path: str | Path, column: str = "start") -> list[Any]:
+    """The start states of ``grpo-train --env --dataset PATH``: row i's ``column`` when the rows
+    are records holding it, else the whole row (a record such as ``{"secret": 7}``, or a plain
+    value: one JSON value per line). Files as `PromptDataset.load` reads them: ``.jsonl`` and
+    ``.json`` with the standard library, ``.parquet`` / ``.csv`` / ``.tsv`` and ``save_to_disk``
+    directories with ``datasets``.
+
+    ValueError when some records hold ``column`` and others do not (naming the first without),
+    or when there are no rows."""
+    file = Path(path)
+    suffix = file.suffix.lower()
+    rows: list[Any]
+    if not file.exists():
+        raise FileNotFoundError(f"--dataset {str(file)!r} (the start states of --env) not found.")
+    if file.is_file() and suffix in (".jsonl", ".json"):
+        text = file.read_text(encoding="utf-8")
+        try:
+            rows = (
+                json.loads(text)
+                if suffix == ".json"
+                else [json.loads(x) for x in text.splitlines() if x.strip()]
+            )
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{file}: not valid JSON ({e.msg}); give one JSON value per line.") from e
+        if not isinstance(rows, list):
+            raise ValueError(f"{file} holds a JSON {type(rows).__name__}; expected a list of start states.")
+    else:
+        datasets = require("datasets")
+        if file.is_dir():
+            data = datasets.load_from_disk(str(file))
+        else:
+            builder = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}.get(suffix, "json")
+            data = datasets.load_dataset(builder, data_files=str(file), split="train")
+        rows = [dict(r) for r in (data["train"] if isinstance(data, Mapping) else data)]
+    if not rows:
+        raise ValueError(f"{file} holds no start states; give at least one row.")
+    has = [isinstance(r, Mapping) and column in r for r in rows]
+    if not any(has):
+        return rows
+    if not all(has):
+        i = has.index(False)
+        raise ValueError(
+            f"{file}: row {i} has no {column!r} column ({rows[i]!r:.80}) but others do; give every row "
+            f"one (--start-column names it), or none (each row is then a start)."
+        )
+    return [r[column] for r in rows]
+
+
+class _PolicyAtStep(NamedTuple):
+    """The causal LM and the step count: a trainer to `save_llm_checkpoint` (its ``policy`` and
+    ``step_count``), also when the trainer's policy is the `MultiTurnPolicy` around it."""
+
+    policy: CausalLMPolicy
+    step_count: int
 
 
 class RankBatches:
@@ -612,13 +777,17 @@ class _StepMetrics(Callback):
     evaluation after it) and ``throughput/tokens_per_s`` = ``completion/tokens / time/step``.
     It also keeps ``rewards.trainer_state`` (what TRL's reward functions get as
     ``trainer_state``): ``global_step`` (steps done), ``max_steps`` and ``epoch`` (passes over the
-    dataset done, fractional)."""
+    dataset done, fractional). With ``--env`` (a `ConversationReward`) there are no counters.
+    """
 
-    def __init__(self, rewards: RewardFunctions, max_steps: int, steps_per_epoch: int) -> None:
+    def __init__(
+        self, rewards: RewardFunctions | ConversationReward, max_steps: int, steps_per_epoch: int
+    ) -> None:
         self.rewards = rewards
         self.steps_per_epoch = max(steps_per_epoch, 1)
         self.trainer_state = types.SimpleNamespace(global_step=0, max_steps=max_steps, epoch=0.0)
-        rewards.trainer_state = self.trainer_state
+        if isinstance(rewards, RewardFunctions):
+            rewards.trainer_state = self.trainer_state
 
     def _at(self, step: int) -> None:
         self.trainer_state.global_step = step
@@ -632,7 +801,7 @@ class _StepMetrics(Callback):
     def on_metrics(self, state: TrainState, metrics: dict[str, float]) -> None:
         if isinstance(self.rewards, _StepRewards):
             metrics.update(self.rewards.step_counters(state.step))
-        else:
+        elif isinstance(self.rewards, RewardFunctions):
             metrics.update(self.rewards.last_metrics)
         if "completion/tokens" in metrics:
             metrics["throughput/tokens_per_s"] = metrics["completion/tokens"] / max(
@@ -749,28 +918,29 @@ def _resume_path(spec: str, root: Path) -> Path:
 def train(args: argparse.Namespace) -> dict[str, float]:
     """Run the training described by ``args`` (`parse_args`); return the last step's metrics."""
     transformers = require("transformers")
-    dataset = PromptDataset.load(args.dataset, prompt_column=args.prompt_column)
+    records = _training_states(args)  # prompt records, or with --env the start states
     eval_states = None
     if args.eval_dataset is not None:  # read before any model is loaded: its errors come first
         eval_states = PromptDataset.load(args.eval_dataset, prompt_column=args.prompt_column).records
-    plan = _plan_steps(args, dataset)
+    make_env = None if args.env is None else _load_callable(args.env, "--env")
+    plan = _plan_steps(args, len(records))
     per_step = build_config(args, total_steps=10**9).optimizer_steps_per_step
     config = build_config(args, total_steps=plan.total * per_step)  # a decaying schedule: this run
     ckpt = _checkpointing(args, config)
     trainer_config = (
         config if ckpt.directory is not None else dataclasses.replace(config, checkpoint_freq=None)
     )
-    policy = _build_policy(args, *_load_model(args, transformers))
-    rewards = build_rewards(args)
+    policy, rewards = _policy_and_rewards(args, config, transformers, make_env)
     trainer = GRPOTrainer(trainer_config, policy, rewards)  # the KL reference: policy.reference_policy()
-    data = RankBatches(
-        dataset.batches(plan.global_batch, seed=int(config.seed or 0), epochs=None, drop_last=plan.drop_last)
+    batches = PromptBatches(
+        records, plan.global_batch, seed=int(config.seed or 0), epochs=None, drop_last=plan.drop_last
     )
+    data = RankBatches(batches)
     trainer.register_checkpoint_state("data", data)  # no end: the same state for any --max-steps
     out_dir = Path(args.output_dir)
     if plan.main_process:
         out_dir.mkdir(parents=True, exist_ok=True)
-    _log_plan(args, dataset, plan)
+    _log_plan(args, len(records), plan)
     t_start = time.perf_counter()
     with contextlib.ExitStack() as stack:
         outputs = _outputs(args, out_dir, stack) if plan.main_process else _Outputs([], None)
@@ -790,6 +960,8 @@ def train(args: argparse.Namespace) -> dict[str, float]:
         final = out_dir / "final_model"
         _save(trainer, final, args, metrics)
     trainer.close()  # DeepSpeed's engines and groups are freed now, not at interpreter exit
+    if isinstance(policy, MultiTurnPolicy):
+        policy.close()  # the environment's tools and threads
     logger.info(
         "done: %d steps in %.1f s; final model in %s",
         trainer.step_count,
@@ -799,8 +971,38 @@ def train(args: argparse.Namespace) -> dict[str, float]:
     return metrics
 
 
+def _policy_and_rewards(
+    args: argparse.Namespace,
+    config: GRPOConfig,
+    transformers: Any,
+    make_env: Callable[[int], TextEnvironment] | None,
+) -> tuple[CausalLMPolicy | MultiTurnPolicy, RewardFunctions | ConversationReward]:
+    """The `CausalLMPolicy` and the ``--reward`` functions; with ``--env`` the `MultiTurnPolicy`
+    playing ``make_env``'s episodes with it and the environment's `ConversationReward`
+    (``--per-turn-credit``: turn-level credit discounted by ``config.gamma``)."""
+    lm = _build_policy(args, *_load_model(args, transformers))
+    if make_env is None:
+        return lm, build_rewards(args)
+    policy = MultiTurnPolicy(lm, make_env, max_turns=args.max_turns, max_total_tokens=args.max_total_tokens)
+    return policy, ConversationReward(per_turn=args.per_turn_credit, gamma=config.gamma)
+
+
+def _training_states(args: argparse.Namespace) -> Sequence[Any]:
+    """The states the steps draw from: the ``--dataset`` prompt records; with ``--env`` the start
+    states, ``--dataset`` rows (`load_starts`) or the seeds ``0 .. --num-starts - 1``."""
+    if args.env is None:
+        return PromptDataset.load(args.dataset, prompt_column=args.prompt_column).records
+    if args.dataset is None:
+        return list(range(args.num_starts))
+    return load_starts(args.dataset, args.start_column)
+
+
 def _callbacks(
-    args: argparse.Namespace, trainer: GRPOTrainer, rewards: RewardFunctions, plan: _StepPlan, wandb_run: Any
+    args: argparse.Namespace,
+    trainer: GRPOTrainer,
+    rewards: RewardFunctions | ConversationReward,
+    plan: _StepPlan,
+    wandb_run: Any,
 ) -> list[Callback]:
     """The command's callbacks: its keys of each record and ``trainer_state`` (`_StepMetrics`),
     the model saves (`_SaveModels`) and, with ``--log-completions-every``, the completions table
@@ -816,9 +1018,10 @@ def _callbacks(
     return callbacks
 
 
-def _log_plan(args: argparse.Namespace, dataset: PromptDataset, plan: _StepPlan) -> None:
+def _log_plan(args: argparse.Namespace, num_states: int, plan: _StepPlan) -> None:
     logger.info(
-        "%d prompts, %d a step: %d steps (%d epoch%s of %d steps%s)", len(dataset), plan.global_batch,
+        "%d %s, %d a step: %d steps (%d epoch%s of %d steps%s)", num_states,
+        "prompts" if args.env is None else "start states", plan.global_batch,
         plan.total, plan.epochs, "s" if plan.epochs > 1 else "", plan.per_epoch,
         "; --max-steps cycles the data" if args.max_steps is not None and plan.epochs > 1 else "",
     )  # fmt: skip
@@ -878,7 +1081,7 @@ class _StepPlan(NamedTuple):
     total: int  # steps to train
 
 
-def _plan_steps(args: argparse.Namespace, dataset: PromptDataset) -> _StepPlan:
+def _plan_steps(args: argparse.Namespace, num_states: int) -> _StepPlan:
     """How many steps of how many prompts, over how many passes of the dataset.
 
     Under torchrun / accelerate launch each step draws a global batch of world * batch_size
@@ -889,13 +1092,13 @@ def _plan_steps(args: argparse.Namespace, dataset: PromptDataset) -> _StepPlan:
     main_proc = is_main_process()
     global_batch = args.batch_size * world
     drop_last = world > 1
-    per_epoch = dataset.num_batches(global_batch, 1, drop_last=drop_last)
+    per_epoch = num_states // global_batch if drop_last else -(-num_states // global_batch)
     epochs = args.num_epochs if args.max_steps is None else max(1, -(-args.max_steps // max(per_epoch, 1)))
     total = per_epoch * epochs
     if per_epoch == 0:
         raise ValueError(
-            f"{len(dataset)} prompts do not fill one global batch of {global_batch} "
-            f"(--batch-size={args.batch_size} x {world} processes); use more prompts or a smaller "
+            f"{num_states} states do not fill one global batch of {global_batch} "
+            f"(--batch-size={args.batch_size} x {world} processes); use more states or a smaller "
             f"--batch-size."
         )
     if args.max_steps is not None:
