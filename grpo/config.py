@@ -475,6 +475,18 @@ class GRPOConfig:
             "generation budget, e.g. max_new_tokens). Required for that mode; > 0."
         ),
     )
+    use_liger_loss: bool = field(
+        default=False,
+        metadata=_help(
+            "Compute the update's loss with Liger-Kernel's fused linear GRPO loss "
+            "(grpo.llm.liger.LigerGRPOLoss: the policy's last hidden states and LM head weight, "
+            "chunked; pip install liger-kernel) instead of log-probs + the objective. Needs a "
+            "policy with lm_head_inputs (grpo.llm.CausalLMPolicy) and the settings Liger computes "
+            "(grpo.llm.liger.liger_config_problems names the others). Not reported with it: "
+            "loss/policy, loss/kl, loss/entropy, kl/old, policy/entropy, ratio/*, the split "
+            "clip/frac_low / clip/frac_high (clip/frac gives their sum)."
+        ),
+    )
 
     # --- reliability: non-finite values, invalid rewards, reward timeouts, checkpoints ---
     non_finite: NonFinitePolicy = field(
@@ -619,6 +631,7 @@ class GRPOConfig:
         self._check_adaptive_lr()
         self._check_reward_shift()
         self._check_variants()
+        self._check_liger()
         self._check_reliability()
         self._check_parallelism()
 
@@ -825,6 +838,21 @@ class GRPOConfig:
                 f"(num_epochs_per_update={self.num_epochs_per_update}, "
                 f"mini_batch_size={self.resolved_mini_batch_size} of batch_size={self.batch_size})",
                 " Use num_epochs_per_update >= 2 or num_mini_batches >= 2, or adaptive_lr_kl=None.",
+            )
+
+    def _check_liger(self) -> None:
+        """use_liger_loss: a bool, and only with the settings Liger's loss computes."""
+        self._check_bool("use_liger_loss")
+        if not self.use_liger_loss:
+            return
+        from grpo.llm.liger import liger_config_problems  # no heavy import: liger-kernel is lazy
+
+        problems = liger_config_problems(self)
+        if problems:
+            raise self._bad(
+                "use_liger_loss",
+                "Liger's fused GRPO loss does not compute " + "; ".join(problems),
+                " Change those settings or set use_liger_loss=False.",
             )
 
     def _check_variants(self) -> None:

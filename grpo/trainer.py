@@ -64,7 +64,7 @@ from grpo.training.reward_shift import RewardShiftRestart, incumbent_advantages
 from grpo.training.stall_watch import StallWatch
 from grpo.update.adaptive_lr import AdaptiveLR
 from grpo.update.guard import UpdateGuard
-from grpo.update.loop import UpdateParts, run_update
+from grpo.update.loop import FusedLoss, UpdateParts, run_update
 from grpo.update.plan import UpdateDecisions, UpdatePlan
 
 if TYPE_CHECKING:
@@ -189,12 +189,13 @@ class GRPOTrainer(TrainerStateMixin):
 
     def _update_parts(self) -> UpdateParts | None:
         """The parts of the update (None when there is nothing to train)."""
+        self.fused_loss = self._fused_loss()  # use_liger_loss, checked even with nothing to train
         if self.backend is None or self.optimizer is None:
             return None
         return UpdateParts(
             self.policy, self.objective, self.plan, self.backend, self.guard, self.params, self.optimizer,
             self.scheduler, self.device, self._entropy_request(), self.config.sampler_is_cap,
-            AdaptiveLR.from_config(self.config, self.scheduler),
+            AdaptiveLR.from_config(self.config, self.scheduler), self.fused_loss,
         )  # fmt: skip
 
     def _entropy_request(self) -> EntropyRequest:
@@ -202,6 +203,28 @@ class GRPOTrainer(TrainerStateMixin):
         if not has_method(self.policy, "evaluate_actions"):
             return False
         return True if self.config.entropy_coeff != 0 else "no_grad"
+
+    def _fused_loss(self) -> FusedLoss | None:
+        """``GRPOConfig.use_liger_loss``: Liger's fused GRPO loss (`grpo.llm.liger.LigerGRPOLoss`)
+        on the policy's ``lm_head_inputs``, or None. The config's settings were checked by
+        `GRPOConfig`; here the policy, user loss functions and the package (ImportError)."""
+        if not self.config.use_liger_loss:
+            return None
+        if self.objective.loss_fn is not None or self.objective.kl_fn is not None:
+            raise ValueError(
+                "GRPOConfig(use_liger_loss=True) computes Liger's built-in loss and KL, so a custom "
+                "loss_fn / kl_fn would be ignored; drop them or set use_liger_loss=False."
+            )
+        if not has_method(self.policy, "lm_head_inputs"):
+            raise TypeError(
+                f"GRPOConfig(use_liger_loss=True) needs the policy's last hidden states and LM head: "
+                f"{type(self.policy).__name__} has no lm_head_inputs(actions) -> "
+                f"grpo.llm.policy.LMHeadInputs (grpo.llm.CausalLMPolicy has it). Set "
+                f"use_liger_loss=False for this policy."
+            )
+        from grpo.llm.liger import LigerGRPOLoss  # ImportError naming liger-kernel when missing
+
+        return LigerGRPOLoss(self.config, compiled=self.device.type == "cuda")
 
     def _check_sampler_correction(self) -> None:
         cap = self.config.sampler_is_cap

@@ -7,7 +7,8 @@ summed in another order); float32 compiled vs eager at 1e-5 absolute on log-prob
 (logsumexp of ~10 over 5,000 logits: rounding ~1e-6), 1e-5 absolute and 1e-4 relative on the
 gradients (sums over 5,000 logits in another order: differences up to 3.4e-6 seen).
 Compiling takes ~20 s per kernel set on a 2-core CPU, so those tests carry ``slow``; the Liger
-comparison needs CUDA and liger-kernel (``gpu``).
+comparisons (the loss, and a `GRPOTrainer` step with ``use_liger_loss``) need CUDA and
+liger-kernel (``gpu``; ``GRPO_TEST_GPU_DEVICE=cpu`` runs them on the CPU).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -99,7 +102,7 @@ def test_compiled_needs_chunks_and_no_softcap() -> None:
         chunked_token_logprobs(hidden, weight, targets, softcap=30.0, compiled=True)
 
 
-def test_policy_refuses_compile_without_chunks(tmp_path: pytest.TempPathFactory) -> None:
+def test_policy_refuses_compile_without_chunks(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     from grpo.llm import CausalLMPolicy
     from tests.llm_helpers import build_model, build_tokenizer
@@ -139,7 +142,7 @@ def test_compiled_kernels_equal_the_eager_ones(entropy_grad: bool) -> None:
 
 
 @pytest.mark.slow
-def test_policy_with_compiled_log_probs_scores_like_the_default(tmp_path: pytest.TempPathFactory) -> None:
+def test_policy_with_compiled_log_probs_scores_like_the_default(tmp_path: Path) -> None:
     """A tiny Llama (from_pretrained): ``compile_logprobs=True`` gives the default policy's
     log-probs, entropies and parameter gradients of sampled completions (float32, 1e-5)."""
     pytest.importorskip("transformers")
@@ -232,8 +235,7 @@ def test_liger_loss_equals_the_default_path_on_cuda(settings: dict[str, object])
     ``GRPO_TEST_GPU_DEVICE=cpu`` runs it on the CPU (Liger's chunked loss is PyTorch; uncompiled)."""
     from grpo.llm.liger import LigerGRPOLoss
 
-    with pytest.warns(UserWarning, match=r"does not call Liger's loss yet"):
-        config = GRPOConfig(**settings)  # type: ignore[arg-type]
+    config = GRPOConfig(**settings)  # type: ignore[arg-type]
     dev = torch.device(DEVICE)
     g = torch.Generator().manual_seed(0)
     n, t, h, v = 6, 24, 32, 1000
@@ -263,3 +265,101 @@ def test_liger_loss_equals_the_default_path_on_cuda(settings: dict[str, object])
     torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-5)
     for x, y in zip(theirs_grads, ours_grads, strict=True):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+
+
+def test_use_liger_loss_is_refused_for_what_liger_does_not_compute(tmp_path: Path) -> None:
+    """``GRPOConfig(use_liger_loss=True)`` names each unsupported setting at construction; the
+    trainer refuses a policy without ``lm_head_inputs`` and, without the package, says how to
+    install it (both before any step)."""
+    from grpo import GRPOTrainer
+
+    with pytest.raises(ValueError, match=r"use_liger_loss=True is not allowed: .*entropy_coeff=0.01.*set 0"):
+        GRPOConfig(use_liger_loss=True, entropy_coeff=0.01)
+    with pytest.raises(ValueError, match=r"adaptive_lr_kl: needs kl/old"):
+        GRPOConfig(use_liger_loss=True, adaptive_lr_kl=0.01, num_epochs_per_update=2)
+    with pytest.raises(ValueError, match=r"use_liger_loss must be|expected True or False"):
+        GRPOConfig(use_liger_loss="yes")  # type: ignore[arg-type]
+
+    class Coin(torch.nn.Module):  # a policy with log-probs but no LM head
+        def __init__(self) -> None:
+            super().__init__()
+            self.logit = torch.nn.Parameter(torch.zeros(2))
+
+        def generate_actions(self, states: Any, num_actions_per_state: int, **kwargs: Any) -> Any:
+            return torch.randint(0, 2, (len(states), num_actions_per_state))
+
+        def get_log_probabilities(self, states: object, actions: torch.Tensor) -> torch.Tensor:
+            return torch.log_softmax(self.logit, -1)[actions]
+
+        def get_parameters(self) -> dict[str, torch.Tensor]:
+            return dict(self.named_parameters())
+
+    config = GRPOConfig(group_size=2, batch_size=2, use_liger_loss=True)
+    with pytest.raises(TypeError, match=r"Coin has no lm_head_inputs"):
+        GRPOTrainer(config, Coin(), lambda states, actions: [0.0] * len(actions))
+    if importlib.util.find_spec("liger_kernel") is None and importlib.util.find_spec("transformers"):
+        from grpo.llm import CausalLMPolicy
+        from tests.llm_helpers import build_model, build_tokenizer
+
+        tok = build_tokenizer(tmp_path)
+        policy = CausalLMPolicy(build_model(tmp_path, tok), tok, max_new_tokens=4)
+        with pytest.raises(ImportError, match=r"pip install liger-kernel"):
+            GRPOTrainer(config, policy, lambda prompts, comps: [0.0] * len(comps))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is None, reason="needs liger-kernel")
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"kl_coeff": 0.04, "num_epochs_per_update": 2, "micro_batch_size": 1},
+        {"kl_coeff": 0.0, "loss_aggregation": "seq-mean-token-mean", "num_mini_batches": 2},
+    ],
+)
+def test_trainer_step_with_liger_loss_gives_the_default_weights(
+    tmp_path: Path, settings: dict[str, object]
+) -> None:
+    """A `GRPOTrainer` step (tiny Llama, SGD) with ``use_liger_loss=True`` gives the weights of
+    the default path within the Liger loss tests' tolerance (1e-4 relative, 1e-5 absolute), over
+    micro-batches, two epochs (the second off-policy, with the KL in the loss) or two optimizer
+    steps; the reported loss, kl/ref and clipped share agree too."""
+    pytest.importorskip("transformers")
+    import copy
+
+    from grpo import GRPOTrainer
+    from grpo.llm import CausalLMPolicy
+    from tests.llm_helpers import build_model, build_tokenizer
+
+    tok = build_tokenizer(tmp_path, pad_is_eos=True)
+    model = build_model(tmp_path, tok).to(DEVICE)
+
+    def one_step(use_liger: bool) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        m = copy.deepcopy(model)
+        policy = CausalLMPolicy(
+            m, tok, max_new_tokens=6, temperature=0.9, logprob_chunk_size=16, autocast=False
+        )
+        config = GRPOConfig(
+            group_size=4, batch_size=2, seed=0, use_liger_loss=use_liger, clip_epsilon=0.05,
+            device=DEVICE, **settings,  # type: ignore[arg-type]
+        )  # fmt: skip
+        sgd = torch.optim.SGD(m.parameters(), lr=0.5)
+        trainer = GRPOTrainer(
+            config, policy, lambda p, c: [float(int(x.token_ids.sum()) % 7) for x in c], optimizer=sgd
+        )
+        torch.manual_seed(0)
+        metrics = trainer.step(["1+2=", "what is 3+4?"])
+        return {k: v.detach().clone() for k, v in m.named_parameters()}, metrics
+
+    plain_w, plain_m = one_step(False)
+    liger_w, liger_m = one_step(True)
+    moved = max(float((plain_w[k] - model.state_dict()[k]).abs().max()) for k in plain_w)
+    assert moved > 1e-3  # the step changed the weights
+    for k in plain_w:
+        torch.testing.assert_close(liger_w[k], plain_w[k], rtol=1e-4, atol=1e-5, msg=k)
+    assert liger_m["loss/total"] == pytest.approx(plain_m["loss/total"], rel=1e-4, abs=1e-6)
+    assert liger_m["kl/ref"] == pytest.approx(plain_m["kl/ref"], rel=1e-4, abs=1e-7)
+    clipped = plain_m["clip/frac_low"] + plain_m["clip/frac_high"]
+    assert liger_m["clip/frac"] == pytest.approx(clipped, abs=1e-6)
+    assert "ratio/mean" not in liger_m
+    assert "loss/policy" not in liger_m

@@ -1,4 +1,4 @@
-"""Liger-Kernel's fused linear GRPO loss, for the settings it covers (not yet called by `GRPOTrainer`).
+"""Liger-Kernel's fused linear GRPO loss, for the settings it covers (``GRPOConfig.use_liger_loss``).
 
 `liger_kernel.chunked_loss.LigerFusedLinearGRPOLoss` takes the LM head's input (the last hidden
 states) and weight and computes the clipped policy loss and the k3 KL term chunk by chunk (a few
@@ -22,11 +22,21 @@ config asks for beyond that; `LigerGRPOLoss(config)` raises on it. One differenc
 is not a setting: Liger does not clamp the log-ratio (grpo clamps it to +-log_ratio_clamp, 20 by
 default), so the two agree while |logp - logp_old| < log_ratio_clamp.
 
-Status: the loss, its config checks and its equality with the default path (loss and gradients,
-tests/test_llm_fused.py, marker ``gpu``; benchmarks/GPU.md has the commands) were checked on CPU
-with liger-kernel 0.8.5 (``GRPO_TEST_GPU_DEVICE=cpu``, ``compiled=False``); not yet on CUDA, and
-`GRPOTrainer` does not call it yet (the update loop computes log-probs, then the objective; Liger
-needs the hidden states in their place).
+In the trainer: ``GRPOConfig(use_liger_loss=True)`` (checked with `liger_config_problems` when the
+config is built) makes `GRPOTrainer` compute each micro-batch's loss with `LigerGRPOLoss` on
+`grpo.llm.CausalLMPolicy.lm_head_inputs` (the backbone's last hidden states and the LM head)
+instead of log-probs + `GRPOObjective` (`grpo.update.loop.FusedLoss`, one branch in the update).
+Metrics: Liger gives the loss, the clipped share (low and high together: ``clip/frac``) and the
+k3 KL to the reference when it is in the loss (``kl/ref``); `OMITTED_METRICS` are not reported.
+Per-step advantages (shape (N, T)) are refused, and when collection did not record the behaviour
+log-probs the first epoch computes them with one more no-grad LM-head pass.
+
+Status: the loss, its config checks, its equality with the default path (loss and gradients) and
+a `GRPOTrainer` step with ``use_liger_loss=True`` against the default step (weights and the
+reported metrics; tests/test_llm_fused.py, marker ``gpu``; benchmarks/GPU.md has the commands)
+were checked on CPU with liger-kernel 0.8.5 (``GRPO_TEST_GPU_DEVICE=cpu``, ``compiled=False``);
+not yet on CUDA. Under torch.distributed, Liger's "cispo" normaliser is its own all-reduced token
+count / world size, which the rescaling here does not model (not checked).
 """
 
 from __future__ import annotations
@@ -35,14 +45,18 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import Tensor
 
 from grpo.algorithms.aggregation import aggregation_normaliser
+from grpo.grpo_objective import ObjectiveOutput
+from grpo.llm.logprobs import chunked_token_logprobs
 
 if TYPE_CHECKING:
     from grpo.config import GRPOConfig
+    from grpo.llm.policy import LMHeadInputs
 
-__all__ = ["LIGER_LOSS_TYPES", "LigerGRPOLoss", "liger_config_problems", "require_liger"]
+__all__ = ["LIGER_LOSS_TYPES", "OMITTED_METRICS", "LigerGRPOLoss", "liger_config_problems", "require_liger"]
 
 # grpo's loss_aggregation -> Liger's loss_type
 LIGER_LOSS_TYPES: dict[str, str] = {
@@ -51,6 +65,14 @@ LIGER_LOSS_TYPES: dict[str, str] = {
     "seq-mean-token-sum-norm": "dr_grpo",
 }
 _LOSSES = ("clip", "gspo", "cispo")
+
+OMITTED_METRICS: frozenset[str] = frozenset(
+    {"loss/policy", "loss/kl", "loss/entropy", "kl/old", "policy/entropy", "ratio/mean", "ratio/min",
+     "ratio/max", "clip/frac_low", "clip/frac_high"}
+)  # fmt: skip
+"""Update metrics `GRPOTrainer` does not report with ``use_liger_loss`` (Liger's loss gives only
+the loss, its clipped share, low and high together, reported as ``clip/frac``, and the KL to the
+reference when it is in the loss, ``kl/ref``)."""
 
 
 def liger_config_problems(config: GRPOConfig) -> list[str]:
@@ -77,6 +99,8 @@ def liger_config_problems(config: GRPOConfig) -> list[str]:
         )
     if c.sampler_is_cap is not None:
         out.append("sampler_is_cap: Liger's loss takes no importance weights; set None")
+    if c.adaptive_lr_kl is not None:
+        out.append("adaptive_lr_kl: needs kl/old, which Liger's loss does not report; set None")
     return out
 
 
@@ -141,20 +165,77 @@ class LigerGRPOLoss:
         logp_old: Tensor | None = None,
         logp_ref: Tensor | None = None,
         normaliser: Tensor | float | None = None,
+        temperature: float | None = None,
     ) -> tuple[Tensor, list[Tensor]]:
         """The loss of one micro-batch and Liger's metrics (mean KL if any, clipped share).
 
         Shapes: hidden (n, T, H) (the state at t scores targets[:, t]), weight (V, H), targets /
         mask / logp_old / logp_ref (n, T), advantages (n,). ``logp_old`` None: on-policy (ratio 1).
         ``normaliser``: the whole optimizer step's Z (`GRPOObjective.normaliser`); Liger divides by
-        this call's own count, so the loss is rescaled by that count / Z. None: the call is the
-        whole step.
+        its own count (valid tokens; for "grpo" / "dr_grpo" all n rows, empty ones included), so
+        the loss is rescaled by that count / Z. None: Z of ``mask`` (the call is the whole step).
+        ``temperature``: the completions' sampling temperature (None: the one set at construction).
         """
+        if temperature is not None:
+            self.loss.temperature = temperature
         loss, metrics = self.loss(
             hidden, weight, targets, mask.to(hidden.dtype), advantages, bias,
             ref_per_token_logps=logp_ref, old_per_token_logps=logp_old,
         )  # fmt: skip
-        if normaliser is not None:
-            own = aggregation_normaliser(mask, self.aggregation, constant=self.loss_normaliser)
-            loss = loss * (own / normaliser)
-        return loss, list(metrics)
+        if normaliser is None:
+            normaliser = aggregation_normaliser(mask, self.aggregation, constant=self.loss_normaliser)
+        own: Tensor | float = float(mask.shape[0])  # Liger's "grpo": rows, empty ones included
+        if self.aggregation == "token-mean":  # "bnpo", "cispo": valid tokens, at least 1
+            own = aggregation_normaliser(mask, "token-mean")
+        elif self.aggregation == "seq-mean-token-sum-norm":  # "dr_grpo": rows x C
+            own = own * float(self.loss_normaliser or 1.0)
+        return loss * (own / normaliser), list(metrics)
+
+    # ---- the update's loss (GRPOConfig.use_liger_loss) -----------------------------------
+    def inputs(self, policy: Any, actions: Any) -> LMHeadInputs:
+        """The LM head inputs of ``actions`` from ``policy.lm_head_inputs`` (one backbone forward)."""
+        out: LMHeadInputs = policy.lm_head_inputs(actions)
+        return out
+
+    def objective(
+        self,
+        inputs: LMHeadInputs,
+        mask: Tensor,
+        advantages: Tensor,
+        normaliser: Tensor | float,
+        *,
+        logp_old: Tensor | None,
+        logp_ref: Tensor | None,
+    ) -> ObjectiveOutput:
+        """The update's `ObjectiveOutput` of one micro-batch: Liger's loss, and the statistics
+        Liger gives (loss, valid steps, clipped steps in ``clip_low``: low and high together, the
+        k3 KL to the reference when it is in the loss); the others are NaN and left out of the
+        metrics (`OMITTED_METRICS`). ``mask``: the loss mask (inputs.mask without dropped rows)."""
+        loss, metrics = self(
+            inputs.hidden, inputs.weight, inputs.targets, mask, advantages, bias=inputs.bias,
+            logp_old=logp_old, logp_ref=logp_ref if self.loss.use_ref_model else None,
+            normaliser=normaliser, temperature=inputs.temperature,
+        )  # fmt: skip
+        nan = torch.full((), float("nan"), device=loss.device)
+        steps = mask.sum().to(torch.float32)
+        kl = metrics[0].float() * steps if self.loss.use_ref_model else torch.zeros_like(steps)
+        clipped = metrics[-1].float() * steps
+        head = loss.detach().float()
+        stats = torch.stack([head, nan, nan, nan, steps, clipped, nan, nan, kl, nan, nan])
+        return ObjectiveOutput(loss, stats, torch.stack([nan, nan]))
+
+    def omitted_metrics(self, has_reference: bool) -> frozenset[str]:
+        """The update metrics this loss does not give (`OMITTED_METRICS`, and kl/ref when a
+        reference is scored but its KL is not in Liger's loss, ``kl_penalty="reward"``)."""
+        extra = {"kl/ref"} if has_reference and not self.loss.use_ref_model else set()
+        return OMITTED_METRICS | extra
+
+    @staticmethod
+    def log_probs(inputs: LMHeadInputs) -> Tensor:
+        """Detached log-probs (n, T) of ``inputs``' targets, 0 off the mask (the behaviour
+        log-probs when collection did not record them: one more LM head pass, no graph)."""
+        with torch.no_grad():
+            h, w = inputs.hidden.detach(), inputs.weight.detach()
+            bias = None if inputs.bias is None else inputs.bias.detach()
+            lp, _ = chunked_token_logprobs(h, w, inputs.targets, bias=bias, temperature=inputs.temperature)
+        return torch.where(inputs.mask, lp, torch.zeros((), device=lp.device))

@@ -39,7 +39,14 @@ from grpo.llm.logprobs import checked_compile_option, chunked_token_logprobs
 from grpo.llm.lora import REFERENCE_ADAPTER, SeparateAdapterReference, add_reference_adapter
 from grpo.policy_base import EntropyRequest, PolicyOutput, entropy_grad_mode
 
-__all__ = ["GENERATE_OPTIONS", "CausalLMPolicy", "Completion", "DisabledAdapterReference", "SamplingOptions"]
+__all__ = [
+    "GENERATE_OPTIONS",
+    "CausalLMPolicy",
+    "Completion",
+    "DisabledAdapterReference",
+    "LMHeadInputs",
+    "SamplingOptions",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -254,6 +261,23 @@ class _ScoringInputs(NamedTuple):
     targets: Tensor  # (N, T) completion ids
     mask: Tensor  # (N, T) bool, by position
     prompt_width: int  # P
+
+
+class LMHeadInputs(NamedTuple):
+    """What a fused LM-head loss (`grpo.llm.liger.LigerGRPOLoss`) needs of N completions, from
+    `CausalLMPolicy.lm_head_inputs`: ``logits = (hidden @ weight.T + bias) / temperature``.
+
+    Shapes: hidden (N, T, H) (the state at t scores targets[:, t]; in the weight's dtype),
+    weight (V, H), bias (V,) or None, targets (N, T) token ids, mask (N, T) bool by position
+    (and the completions' loss masks).
+    """
+
+    hidden: Tensor
+    weight: Tensor
+    bias: Tensor | None
+    targets: Tensor
+    mask: Tensor
+    temperature: float
 
 
 class CausalLMPolicy:
@@ -669,6 +693,35 @@ class CausalLMPolicy:
         if entropy is not None:
             entropy = torch.where(mask, entropy, zero)
         return PolicyOutput(log_probs=logp, mask=mask, entropy=entropy)
+
+    def lm_head_inputs(self, actions: Sequence[Completion]) -> LMHeadInputs:
+        """The last hidden states of N completions and the LM head (`LMHeadInputs`): the backbone
+        forward of `evaluate_actions` without the head, for a fused loss that applies the head
+        itself (``GRPOConfig.use_liger_loss``). The hidden states are cast to the head's dtype.
+        ValueError for what such a loss cannot reproduce: a min_new_tokens EOS ban, a logit
+        scale or soft-cap, weights partitioned by FSDP or ZeRO-3."""
+        comps = list(actions)
+        temperature = _scoring_temperature(comps)
+        input_ids, attn, position_ids, targets, mask, p = self._scoring_inputs(comps, self.device)
+        cfg = getattr(self._causal_lm(), "config", None)
+        problems = [
+            ("a min_new_tokens EOS ban", any(c.min_new_tokens for c in comps)),
+            ("logit_scale", float(getattr(cfg, "logit_scale", None) or 1.0) != 1.0),
+            ("final_logit_softcapping", getattr(cfg, "final_logit_softcapping", None) is not None),
+            ("weights partitioned by FSDP / ZeRO-3", self.is_partitioned),
+        ]
+        bad = [name for name, found in problems if found]
+        if bad:
+            raise ValueError(
+                f"use_liger_loss: the fused LM-head loss cannot score these completions ({', '.join(bad)}); "
+                "set GRPOConfig(use_liger_loss=False) (the default chunked log-probs handle them)."
+            )
+        with self._autocast():
+            hidden = self._backbone()(
+                input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False
+            ).last_hidden_state[:, p - 1 :]  # (N, T, H)
+        head = self._head()
+        return LMHeadInputs(hidden.to(head.weight.dtype), head.weight, head.bias, targets, mask, temperature)
 
     def _scoring_inputs(self, comps: Sequence[Completion], device: torch.device) -> _ScoringInputs:
         """The forward's inputs for scoring ``comps``, on ``device`` (`_ScoringInputs`)."""

@@ -295,6 +295,14 @@ METRICS: tuple[Metric, ...] = (
         "left out of every `eval/reward/*` value because a reward in them was NaN, inf or None.",
     ),
     _m(
+        "clip/frac",
+        "valid_steps",
+        "optional",
+        "With `use_liger_loss=True`: fraction of valid steps whose ratio was clipped (low or high; "
+        "Liger's fused loss reports the two together), in place of `clip/frac_low` / "
+        "`clip/frac_high`.",
+    ),
+    _m(
         "eval/pass@<k>",
         "samples",
         "optional",

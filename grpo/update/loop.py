@@ -7,6 +7,8 @@ objective, backward passes, then one optimizer step through the backend::
         for mb in opt_step.micro_batches:
             lp   = policy log-probs (+ entropy) of mb     # one forward
             out  = objective(lp, logp_old, A, mask, Z)    # grpo.grpo_objective
+            # (parts.fused_loss, GRPOConfig.use_liger_loss: both lines are one fused loss on the
+            #  policy's last hidden states and LM head, grpo.llm.liger; _fused_micro_batch)
             backend.backward(out.loss, last=mb.last)      # (update's 1st: raise if no parameter
                                                           #  got a gradient)
         adaptive_lr.observe(KL of opt_step)               # optional: grpo.update.adaptive_lr sets the lr
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -36,7 +38,7 @@ from grpo.update.adaptive_lr import AdaptiveLR
 from grpo.update.guard import UpdateGuard
 from grpo.update.plan import MicroBatch, NormaliserMode, OptimizerStep, UpdateDecisions, UpdatePlan
 
-__all__ = ["UpdateParts", "UpdateStatistics", "run_update"]
+__all__ = ["FusedLoss", "UpdateParts", "UpdateStatistics", "run_update"]
 
 _KL_AND_COUNT = [STAT_NAMES.index("kl_old"), STAT_NAMES.index("steps")]  # (sum k3, #valid) of a step
 
@@ -45,7 +47,8 @@ class UpdateStatistics:
     """The update's statistics, accumulated as it runs: the objective's (summed over micro-batches
     and optimizer steps), the ratio extremes, gradient norms and the sampler-correction sums."""
 
-    def __init__(self, *, with_is: bool) -> None:
+    def __init__(self, *, with_is: bool, omitted: frozenset[str] = frozenset()) -> None:
+        self.omitted = omitted  # metrics a fused loss does not give (`FusedLoss.omitted_metrics`)
         self.objective: Tensor | None = None
         self.extremes: Tensor | None = None
         self.is_sums: Tensor | None = None
@@ -78,7 +81,37 @@ class UpdateStatistics:
             mean, capped = [0.0, 0.0] if self.is_sums is None else self.is_sums.tolist()
             out["sampler/is_weight_mean"] = mean / max(steps, 1.0)
             out["sampler/is_frac_capped"] = capped / max(steps, 1.0)
+        if self.omitted:  # a fused loss: its clip_low holds the clipped steps, low and high
+            out["clip/frac"] = out["clip/frac_low"]
+            out = {k: v for k, v in out.items() if k not in self.omitted}
         return out, steps
+
+
+class FusedLoss(Protocol):
+    """A loss computed from the policy's own tensors in place of log-probs + `GRPOObjective`
+    (``GRPOConfig.use_liger_loss``: `grpo.llm.liger.LigerGRPOLoss` on
+    `grpo.llm.CausalLMPolicy.lm_head_inputs`). ``inputs`` returns an object with ``mask`` (n, T)."""
+
+    def inputs(self, policy: Any, actions: Any) -> Any:
+        """One forward of the micro-batch's ``actions`` (with grad)."""
+
+    def objective(
+        self,
+        inputs: Any,
+        mask: Tensor,
+        advantages: Tensor,
+        normaliser: Tensor | float,
+        *,
+        logp_old: Tensor | None,
+        logp_ref: Tensor | None,
+    ) -> ObjectiveOutput:
+        """The micro-batch's loss and statistics; ``logp_old`` None: on-policy (ratio 1)."""
+
+    def log_probs(self, inputs: Any) -> Tensor:
+        """Detached log-probs (n, T) of ``inputs`` (the behaviour log-probs when not recorded)."""
+
+    def omitted_metrics(self, has_reference: bool) -> frozenset[str]:
+        """The update metrics this loss does not give."""
 
 
 @dataclass
@@ -87,7 +120,9 @@ class UpdateParts:
 
     ``exact_entropy``: what to ask ``evaluate_actions`` for (see `grpo.policy_base`);
     ``sampler_is_cap``: the truncated importance-weight cap of a sampler/trainer mismatch, or None;
-    ``adaptive_lr``: the learning-rate controller of ``GRPOConfig.adaptive_lr_kl``, or None.
+    ``adaptive_lr``: the learning-rate controller of ``GRPOConfig.adaptive_lr_kl``, or None;
+    ``fused_loss``: computes each micro-batch's loss in place of log-probs + ``objective``
+    (``GRPOConfig.use_liger_loss``), or None.
     """
 
     policy: PolicyModel
@@ -102,6 +137,7 @@ class UpdateParts:
     exact_entropy: EntropyRequest
     sampler_is_cap: float | None
     adaptive_lr: AdaptiveLR | None = None
+    fused_loss: FusedLoss | None = None
 
 
 def run_update(
@@ -118,7 +154,12 @@ def run_update(
     backend.check_same_optimizer_steps(batch.num_groups, plan.mini_batch_size)
     set_training_mode(parts.policy, True)
     mode = plan.normaliser_mode(batch.mask is not None)
-    stats = UpdateStatistics(with_is=parts.sampler_is_cap is not None)
+    omitted = (
+        frozenset()
+        if parts.fused_loss is None
+        else parts.fused_loss.omitted_metrics(has_reference=batch.ref_log_probs is not None)
+    )
+    stats = UpdateStatistics(with_is=parts.sampler_is_cap is not None, omitted=omitted)
     old = batch.old_log_probs
     if batch.loss_rows is not None:  # the collector's rows without gradient (mask_truncated_completions)
         keep = batch.loss_rows if keep is None else keep & batch.loss_rows
@@ -176,19 +217,15 @@ def _optimizer_step(
     check_grads = stats.optimizer_steps == 0  # the update's first backward
     logps: list[Tensor] = []
     for mb in opt_step.micro_batches:
-        lp = _log_probs(parts, batch, mb, check_inf=check_inf)
-        mask = _loss_mask(lp.mask, keep, mb.rows)
-        if mode == "from_forward":
-            z = global_normaliser(backend, objective, mask)
-        elif mode == "deferred":
-            raw = objective.count(mask)
+        step = _MicroStep(mb, mode, z, opt_step.on_policy, check_inf)
+        if parts.fused_loss is None:
+            out, logp_old, raw = _micro_batch(parts, batch, advantages, keep, old, step, stats)
+        else:
+            out, logp_old, raw = _fused_micro_batch(
+                parts, parts.fused_loss, batch, advantages, keep, old, step
+            )
+        if raw is not None:
             counts = raw if counts is None else counts + raw
-        logp_old = (
-            lp.log_probs.detach()
-            if opt_step.on_policy
-            else _same_shape(old, mb, lp, "old log-probs recorded at collection", parts)
-        )
-        out = _objective(parts, batch, advantages, mb, lp, logp_old, mask, z, opt_step.on_policy, stats)
         backend.backward(out.loss, last=mb.last)
         if check_grads:
             _check_gradients_reached(parts, out.loss)
@@ -205,6 +242,93 @@ def _optimizer_step(
     if parts.adaptive_lr is not None and stats.optimizer_steps > 0:  # step 0 has not moved yet
         parts.adaptive_lr.observe(backend.global_sum(step_stats[_KL_AND_COUNT]))  # grpo.update.adaptive_lr
     return parts.guard.optimizer_step(), logps
+
+
+class _MicroStep(NamedTuple):
+    """One micro-batch of an optimizer step: its rows, the step's normaliser mode and ``Z`` (None
+    unless known before the forwards), whether it is on-policy, whether to refuse +-inf log-probs."""
+
+    mb: MicroBatch
+    mode: NormaliserMode
+    z: Tensor | None
+    on_policy: bool
+    check_inf: bool
+
+
+def _micro_normaliser(
+    parts: UpdateParts, step: _MicroStep, mask: Tensor
+) -> tuple[Tensor | None, Tensor | None]:
+    """``Z`` of the micro-batch with loss mask ``mask`` and its raw count ("deferred": summed over
+    the step, the loss divided once after the backwards) or None."""
+    if step.mode == "from_forward":
+        return global_normaliser(parts.backend, parts.objective, mask), None
+    if step.mode == "deferred":
+        return step.z, parts.objective.count(mask)
+    return step.z, None
+
+
+def _micro_batch(
+    parts: UpdateParts,
+    batch: ExperienceBatch,
+    advantages: Tensor,
+    keep: Tensor | None,
+    old: Tensor | None,
+    step: _MicroStep,
+    stats: UpdateStatistics,
+) -> tuple[ObjectiveOutput, Tensor, Tensor | None]:
+    """The default micro-batch: log-probs (one forward), then the objective. Returns its output,
+    its ``logp_old`` (detached) and its raw normaliser count ("deferred") or None."""
+    mb = step.mb
+    lp = _log_probs(parts, batch, mb, check_inf=step.check_inf)
+    mask = _loss_mask(lp.mask, keep, mb.rows)
+    z, raw = _micro_normaliser(parts, step, mask)
+    logp_old = (
+        lp.log_probs.detach()
+        if step.on_policy
+        else _same_shape(old, mb, lp.log_probs, "old log-probs recorded at collection", parts)
+    )
+    out = _objective(parts, batch, advantages, mb, lp, logp_old, mask, z, step.on_policy, stats)
+    return out, logp_old, raw
+
+
+def _fused_micro_batch(
+    parts: UpdateParts,
+    fused: FusedLoss,
+    batch: ExperienceBatch,
+    advantages: Tensor,
+    keep: Tensor | None,
+    old: Tensor | None,
+    step: _MicroStep,
+) -> tuple[ObjectiveOutput, Tensor, Tensor | None]:
+    """A micro-batch through ``parts.fused_loss`` (``GRPOConfig.use_liger_loss``): the policy's
+    forward to the LM head's input, then the fused loss. Same returns as `_micro_batch`; its
+    ``logp_old`` is computed (one more no-grad head pass) only when these forwards record the
+    behaviour log-probs (``check_inf``), otherwise it is the recorded one or empty (on-policy)."""
+    mb = step.mb
+    adv = select_rows(advantages, mb.rows)
+    if adv.dim() != 1:
+        raise ValueError(
+            f"use_liger_loss: Liger's loss takes one advantage per sample, got shape {tuple(adv.shape)} "
+            "(per-step advantages); set GRPOConfig(use_liger_loss=False)."
+        )
+    inputs = fused.inputs(parts.policy, select_rows(batch.actions, mb.rows))
+    mask = _loss_mask(inputs.mask, keep, mb.rows)
+    z, raw = _micro_normaliser(parts, step, mask)
+    recorded = fused.log_probs(inputs) if step.check_inf else None
+    if recorded is not None and bool(torch.isinf(recorded).any()):
+        raise ValueError(
+            f"{type(parts.policy).__name__} gave +-inf log-probs for recorded actions (an action "
+            "the policy cannot take); the behaviour log-probs must be finite."
+        )
+    what = "old log-probs recorded at collection"
+    logp_old = None if step.on_policy else _same_shape(old, mb, inputs.targets, what, parts)
+    ref = select_rows(batch.ref_log_probs, mb.rows)
+    if ref is not None:
+        _check_shape(ref, inputs.targets, "reference log-probs", parts)
+    out = fused.objective(inputs, mask, adv, 1.0 if z is None else z, logp_old=logp_old, logp_ref=ref)
+    if recorded is None:
+        recorded = logp_old if logp_old is not None else inputs.targets.new_empty(0, dtype=torch.float32)
+    return out, recorded, raw
 
 
 def global_normaliser(backend: Backend, objective: GRPOObjective, mask: Tensor) -> Tensor:
@@ -322,11 +446,11 @@ def _loss_mask(mask: Tensor, keep: Tensor | None, rows: Tensor | None) -> Tensor
     return mask & kept.unsqueeze(-1)
 
 
-def _same_shape(old: Tensor | None, mb: MicroBatch, lp: LogProbs, what: str, parts: UpdateParts) -> Tensor:
+def _same_shape(old: Tensor | None, mb: MicroBatch, logp: Tensor, what: str, parts: UpdateParts) -> Tensor:
     if old is None:
         raise RuntimeError(f"internal error: {what} were not recorded")  # pragma: no cover
     rows: Tensor = select_rows(old, mb.rows)
-    _check_shape(rows, lp.log_probs, what, parts)
+    _check_shape(rows, logp, what, parts)
     return rows
 
 
