@@ -49,22 +49,14 @@ import torch
 from torch import Tensor
 
 from grpo.algorithms.aggregation import aggregation_normaliser
+from grpo.config import LIGER_LOSS_TYPES, GRPOConfig, liger_config_problems
 from grpo.grpo_objective import ObjectiveOutput
 from grpo.llm.logprobs import chunked_token_logprobs
 
 if TYPE_CHECKING:
-    from grpo.config import GRPOConfig
     from grpo.llm.policy import LMHeadInputs
 
 __all__ = ["LIGER_LOSS_TYPES", "OMITTED_METRICS", "LigerGRPOLoss", "liger_config_problems", "require_liger"]
-
-# grpo's loss_aggregation -> Liger's loss_type
-LIGER_LOSS_TYPES: dict[str, str] = {
-    "token-mean": "bnpo",
-    "seq-mean-token-mean": "grpo",
-    "seq-mean-token-sum-norm": "dr_grpo",
-}
-_LOSSES = ("clip", "gspo", "cispo")
 
 OMITTED_METRICS: frozenset[str] = frozenset(
     {"loss/policy", "loss/kl", "loss/entropy", "kl/old", "policy/entropy", "ratio/mean", "ratio/min",
@@ -73,35 +65,6 @@ OMITTED_METRICS: frozenset[str] = frozenset(
 """Update metrics `GRPOTrainer` does not report with ``use_liger_loss`` (Liger's loss gives only
 the loss, its clipped share, low and high together, reported as ``clip/frac``, and the KL to the
 reference when it is in the loss, ``kl/ref``)."""
-
-
-def liger_config_problems(config: GRPOConfig) -> list[str]:
-    """What ``config`` asks for that Liger's fused GRPO loss does not compute (empty: none), each
-    as "setting: why / what to set"."""
-    c = config
-    out: list[str] = []
-    if c.policy_loss not in _LOSSES:
-        out.append(f"policy_loss={c.policy_loss!r}: Liger covers {_LOSSES}")
-    if c.policy_loss == "cispo" and c.clip_epsilon != 1.0:
-        out.append(f"clip_epsilon={c.clip_epsilon!r} with 'cispo': Liger's CISPO has no lower bound; set 1.0")
-    if c.loss_aggregation not in LIGER_LOSS_TYPES:
-        out.append(f"loss_aggregation={c.loss_aggregation!r}: Liger covers {tuple(LIGER_LOSS_TYPES)}")
-    if c.policy_loss == "cispo" and c.loss_aggregation != "token-mean":
-        out.append("'cispo' in Liger normalises per token (DAPO); set loss_aggregation='token-mean'")
-    if c.entropy_coeff != 0.0:
-        out.append(f"entropy_coeff={c.entropy_coeff!r}: Liger's loss has no entropy term; set 0")
-    if c.dual_clip:
-        out.append("dual_clip=True: Liger has no dual clip; set False")
-    if c.kl_coeff != 0.0 and c.kl_penalty != "reward" and (c.kl_estimator != "k3" or c.kl_penalty != "loss"):
-        out.append(
-            f"kl_estimator={c.kl_estimator!r}, kl_penalty={c.kl_penalty!r}: Liger's KL term is k3 in "
-            "the loss; set kl_estimator='k3', kl_penalty='loss' (or kl_coeff=0)"
-        )
-    if c.sampler_is_cap is not None:
-        out.append("sampler_is_cap: Liger's loss takes no importance weights; set None")
-    if c.adaptive_lr_kl is not None:
-        out.append("adaptive_lr_kl: needs kl/old, which Liger's loss does not report; set None")
-    return out
 
 
 def require_liger() -> Any:
