@@ -24,6 +24,7 @@ from grpo.algorithms.advantages import (
 from grpo.algorithms.aggregation import AGGREGATIONS, Aggregation
 from grpo.algorithms.kl import KL_ESTIMATORS, KLEstimator
 from grpo.algorithms.policy_losses import POLICY_LOSSES, PolicyLossName
+from grpo.algorithms.sampler_correction import SAMPLER_CORRECTIONS, SamplerCorrection
 from grpo.engine.distributed import DISTRIBUTED_MODES, DistributedMode
 from grpo.engine.lr_schedules import LR_SCHEDULES, LRScheduleName
 from grpo.runtime.threads import SMALL_POLICY_ELEMENTS, NumThreads
@@ -43,6 +44,11 @@ NonFinitePolicy = Literal["skip", "raise"]
 NON_FINITE_POLICIES: tuple[str, ...] = ("skip", "raise")
 InvalidRewardPolicy = Literal["raise", "drop_groups"]
 INVALID_REWARD_POLICIES: tuple[str, ...] = ("raise", "drop_groups")
+GenerationEngineName = Literal["hf", "worker", "vllm"]
+GENERATION_ENGINES: tuple[str, ...] = ("hf", "worker", "vllm")
+ASYNC_DEFAULT_IS_CAP = 2.0
+"""The importance-weight cap of the sampler correction when ``async_staleness >= 1`` and
+``sampler_is_cap`` is None."""
 
 
 def _recipe_citation(name: str) -> str:
@@ -522,6 +528,30 @@ class GRPOConfig:
             "background."
         ),
     )
+    generation_engine: GenerationEngineName = field(
+        default="hf",
+        metadata=_help(
+            "Who samples the actions (grpo.generation): 'hf' = the trainer's own policy, in the "
+            "trainer's process (Hugging Face generate for a language model; today's synchronous "
+            "step); 'worker' = a copy of the policy in its own process that receives the trainable "
+            "weights after each update through shared memory (a language model: only the LoRA "
+            "weights move for a LoRA policy); 'vllm' = vLLM (pip install 'torch-grpo[vllm]', CUDA). "
+            "docs/llm.md, Generation engines."
+        ),
+    )
+    async_staleness: int = field(
+        default=0,
+        metadata=_help(
+            "Async rollouts: train() submits each batch's generation this many steps before the "
+            "step that trains on it, so the engine generates while the trainer updates. A batch "
+            "is then sampled by the weights of at most K steps ago; each sample carries that "
+            "policy version, the behaviour log-probs are the trainer's own (current weights) and "
+            "each term is weighted by the importance ratio to the generating version "
+            "(sampler_correction; cap sampler_is_cap, 2 when None). 0 = synchronous (bitwise "
+            "today's step). >= 1 needs an engine with its own weights ('worker', 'vllm'). A resumed "
+            "run neither skips nor repeats a batch."
+        ),
+    )
     sampler_is_cap: float | None = field(
         default=None,
         metadata=_help(
@@ -532,6 +562,20 @@ class GRPOConfig:
             "term of each step is weighted by min(exp(logp_old - logp_sampler), cap) (no gradient; "
             "metrics sampler/is_weight_mean, sampler/is_frac_capped). > 0, typically 2. None = off: "
             "the sampler's log-probs, when given, are the behaviour log-probs."
+        ),
+    )
+    sampler_correction: SamplerCorrection = field(
+        default="token_truncate",
+        metadata=_help(
+            "How sampler_is_cap's cap C corrects the mismatch (used when a cap is in effect: "
+            "sampler_is_cap, or 2 with async_staleness >= 1; unused otherwise), "
+            "with d = logp_old - logp_sampler per valid token and s = its sum over the sample: "
+            "'token_truncate' w = min(exp(d), C); 'token_mask' w = exp(d), or 0 where exp(d) > C; "
+            "'sequence_truncate' w = min(exp(s), C) for every token of the sample; "
+            "'sequence_mask' w = exp(s), or 0 for the whole sample where exp(s) > C. The *_mask "
+            "modes drop the policy term of what exceeds C instead of shrinking it (metric "
+            "sampler/is_frac_capped counts it; sampler/ess is the effective sample size). See "
+            "grpo/algorithms/sampler_correction.py."
         ),
     )
     flush_denormals: bool = field(
@@ -798,6 +842,9 @@ class GRPOConfig:
             self._check_float("reward_timeout", 0.0, False)
         if self.sampler_is_cap is not None:
             self._check_float("sampler_is_cap", 0.0, False)
+        self._check_choice("sampler_correction", SAMPLER_CORRECTIONS)
+        self._check_choice("generation_engine", GENERATION_ENGINES)
+        self._check_int("async_staleness", 0)
         self._check_bool("flush_denormals")
         threads = self.num_threads
         if not (threads is None or threads == "auto" or _is_positive_int(threads)):
@@ -908,6 +955,14 @@ class GRPOConfig:
         return "group" if self.normalize_advantages else "none"
 
     # ---- derived quantities -------------------------------------------------------------
+    @property
+    def effective_sampler_is_cap(self) -> float | None:
+        """The sampler correction's cap: ``sampler_is_cap``, or `ASYNC_DEFAULT_IS_CAP` with
+        ``async_staleness >= 1`` (the correction is on by default for async rollouts)."""
+        if self.sampler_is_cap is None and self.async_staleness > 0:
+            return ASYNC_DEFAULT_IS_CAP
+        return self.sampler_is_cap
+
     @property
     def resolved_mini_batch_size(self) -> int:
         """States per optimizer step (from mini_batch_size, or num_mini_batches, or batch_size)."""

@@ -9,6 +9,8 @@
 * `grpo.algorithms.advantages`: advantage variants (baselines, scales, per-step returns)
 * `grpo.algorithms.recipes`: named recipes of published settings (`GRPOConfig.recipe`)
 * `grpo.algorithms.pass_at_k`: unbiased pass@k and maj@k from n samples per problem
+* `grpo.algorithms.sampler_correction`: importance weights of a sampler/trainer mismatch (token or
+  sequence level, truncated or masked) and their effective sample size
 
 The front doors that compose them are `grpo.grpo_objective` and `grpo.advantage_estimator`.
 """

@@ -322,16 +322,43 @@ METRICS: tuple[Metric, ...] = (
         "sampler/is_weight_mean",
         "valid_steps",
         "optional",
-        "With `sampler_is_cap`: mean over valid steps (and optimizer steps) of the truncated "
-        "importance weight min(exp(logp_old − logp_sampler), cap) of the sampler/trainer mismatch. "
-        "1 = no mismatch.",
+        "With `sampler_is_cap`: mean over valid steps (and optimizer steps) of the importance weight "
+        "w of the sampler/trainer mismatch, as `sampler_correction` computes it from "
+        "exp(logp_old − logp_sampler) and the cap (masked steps count as 0; the sequence modes "
+        "give each valid step its sample's weight). 1 = no mismatch.",
     ),
     _m(
         "sampler/is_frac_capped",
         "valid_steps",
         "optional",
-        "With `sampler_is_cap`: fraction of valid steps whose weight exp(logp_old − logp_sampler) "
-        "exceeded the cap.",
+        "With `sampler_is_cap`: fraction of valid steps whose ratio (the token's, or its sample's for "
+        "the sequence modes) exceeded the cap: truncated to it (`*_truncate`) or masked to weight 0 "
+        "(`*_mask`).",
+    ),
+    _m(
+        "async/staleness",
+        "max",
+        "optional",
+        "With a generation engine that owns its weights (`generation_engine` 'worker' / 'vllm'): "
+        "steps between the weights that sampled the step's batch and the weights it trains, "
+        "max over its samples (`ExperienceBatch.policy_versions`); at most `async_staleness`.",
+    ),
+    _m(
+        "async/sync_seconds",
+        "slowest",
+        "optional",
+        "With an engine that reports it: seconds the last weight sync to the generation engine "
+        "took in the trainer's process (copying the trainable weights into shared memory for the "
+        "worker; what only LoRA weights move for a LoRA policy).",
+    ),
+    _m(
+        "sampler/ess",
+        "global",
+        "optional",
+        "With `sampler_is_cap`: effective sample size of the applied weights as a fraction, "
+        "(Σ w)² / (n Σ w²) over the n units of the update (valid steps; samples for the sequence "
+        "modes), from sums over every process. 1 = equal weights; near 1/n = one unit dominates; "
+        "0 = every unit masked; NaN = no valid unit.",
     ),
     _m(
         "completion/tokens",

@@ -23,13 +23,21 @@ they were averaged over. Nothing here writes to the batch or the advantages.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
 
+from grpo.algorithms.sampler_correction import (
+    ImportanceSums,
+    SamplerCorrection,
+    corrected_weights,
+    importance_statistics,
+    importance_sums,
+    is_per_row,
+)
 from grpo.engine.backends import Backend, OptimizerStepResult
 from grpo.experience_collector import ExperienceBatch, LogProbs, evaluate_log_probs, select_rows
 from grpo.grpo_objective import STAT_NAMES, GRPOObjective, ObjectiveOutput, update_metrics
@@ -63,24 +71,34 @@ class UpdateStatistics:
     def add_extremes(self, extremes: Tensor) -> None:
         self.extremes = extremes if self.extremes is None else torch.maximum(self.extremes, extremes)
 
-    def add_is(self, sums: Tensor) -> None:
-        self.is_sums = sums if self.is_sums is None else self.is_sums + sums
+    def add_is(self, sums: ImportanceSums) -> None:
+        stacked = torch.stack(list(sums))  # (6,): one add per micro-batch
+        self.is_sums = stacked if self.is_sums is None else self.is_sums + stacked
 
     def add_step(self, result: OptimizerStepResult) -> None:
         self.grad_norm_sum += result.grad_norm
         self.optimizer_steps += 1
 
-    def finish(self) -> tuple[dict[str, float], float]:
-        """Metrics by name (`grpo.metrics`) and the valid steps they were averaged over."""
+    def finish(self, global_sum: Callable[[Tensor], Tensor]) -> tuple[dict[str, float], float]:
+        """Metrics by name (`grpo.metrics`) and the valid steps they were averaged over.
+        ``global_sum``: the backend's sum over processes (`Backend.global_sum`), called on every
+        process when ``with_is``: the ESS is computed from the global sums of w, w^2 and units."""
         assert self.objective is not None
         assert self.extremes is not None
         out, steps = update_metrics(self.objective, self.extremes, self.optimizer_steps)
         out["grad/norm"] = self.grad_norm_sum / self.optimizer_steps
         out["optim/non_finite_steps"] = float(self.non_finite_steps)
-        if self.with_is:  # sampler/trainer mismatch: mean weight, fraction capped
-            mean, capped = [0.0, 0.0] if self.is_sums is None else self.is_sums.tolist()
-            out["sampler/is_weight_mean"] = mean / max(steps, 1.0)
-            out["sampler/is_frac_capped"] = capped / max(steps, 1.0)
+        if self.with_is:  # sampler/trainer mismatch: mean weight, fraction capped (local), ESS (global)
+            local = (
+                self.is_sums
+                if self.is_sums is not None
+                else self.objective.new_zeros(len(ImportanceSums._fields))
+            )
+            mine = importance_statistics(ImportanceSums(*local))
+            every = importance_statistics(ImportanceSums(*global_sum(local)))
+            out["sampler/is_weight_mean"] = mine.weight_mean
+            out["sampler/is_frac_capped"] = mine.frac_capped
+            out["sampler/ess"] = every.ess
         if self.omitted:  # a fused loss: its clip_low holds the clipped steps, low and high
             out["clip/frac"] = out["clip/frac_low"]
             out = {k: v for k, v in out.items() if k not in self.omitted}
@@ -119,7 +137,8 @@ class UpdateParts:
     """What an update is made of (the trainer builds them once).
 
     ``exact_entropy``: what to ask ``evaluate_actions`` for (see `grpo.policy_base`);
-    ``sampler_is_cap``: the truncated importance-weight cap of a sampler/trainer mismatch, or None;
+    ``sampler_is_cap``: the importance-weight cap C of a sampler/trainer mismatch, or None (off);
+    ``sampler_correction``: how the weights use C (`grpo.algorithms.sampler_correction`);
     ``adaptive_lr``: the learning-rate controller of ``GRPOConfig.adaptive_lr_kl``, or None;
     ``fused_loss``: computes each micro-batch's loss in place of log-probs + ``objective``
     (``GRPOConfig.use_liger_loss``), or None.
@@ -138,6 +157,7 @@ class UpdateParts:
     sampler_is_cap: float | None
     adaptive_lr: AdaptiveLR | None = None
     fused_loss: FusedLoss | None = None
+    sampler_correction: SamplerCorrection = "token_truncate"
 
 
 def run_update(
@@ -182,7 +202,7 @@ def run_update(
         else:  # every optimizer step was applied
             guard.check_weights()
     stats.non_finite_steps = parts.guard.non_finite_steps
-    out, steps = stats.finish()
+    out, steps = stats.finish(backend.global_sum)
     out["optim/update_ratio"] = parts.guard.update_ratio  # ||theta' - theta|| / ||theta|| (grpo.update.guard)
     if parts.adaptive_lr is not None:
         out["optim/adaptive_lr"] = parts.adaptive_lr.lr
@@ -417,9 +437,9 @@ def _is_weights(
     mask: Tensor,
     stats: UpdateStatistics,
 ) -> Tensor:
-    """Truncated importance weights ``min(exp(logp_old - logp_sampler), cap)`` (n, T) of a
-    sampler/trainer mismatch (``GRPOConfig.sampler_is_cap``), no gradient; their sums over valid
-    steps go to ``stats``."""
+    """Importance weights (n, T) of a sampler/trainer mismatch, no gradient: ``parts.sampler_correction``
+    with cap ``parts.sampler_is_cap`` (`grpo.algorithms.sampler_correction`; "token_truncate":
+    ``min(exp(logp_old - logp_sampler), cap)``); their sums over valid steps go to ``stats``."""
     cap = parts.sampler_is_cap
     assert cap is not None
     sampler = select_rows(batch.sampler_log_probs, mb.rows)
@@ -429,12 +449,10 @@ def _is_weights(
             "trainer.collect(), which records them."
         )
     _check_shape(sampler, logp, "sampler log-probs", parts)
-    with torch.no_grad():
-        raw = torch.exp(old - sampler)
-        weights = raw.clamp(max=cap)
-        mf = mask.to(weights.dtype)
-        stats.add_is(torch.stack([(weights * mf).sum(), ((raw > cap) * mf).sum()]))
-    return weights
+    mode = parts.sampler_correction
+    corrected = corrected_weights(old, sampler, mask, mode=mode, cap=cap)
+    stats.add_is(importance_sums(corrected, mask, per_row=is_per_row(mode)))
+    return corrected.weights
 
 
 def _loss_mask(mask: Tensor, keep: Tensor | None, rows: Tensor | None) -> Tensor:
