@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from grpo.advantage_estimator import uniform_group_ids
+from grpo.generation.engine import GenerationEngine, InProcessEngine
 from grpo.policy_base import PolicyModel, PolicyOutput, has_method, set_training_mode
 from grpo.reward_model_base import RewardModel
 from grpo.rollout.batch import ExperienceBatch, evaluate_log_probs, select_rows
@@ -122,6 +123,7 @@ class ExperienceCollector:
         invalid_rewards: str = "raise",
         reward_timeout: float | None = None,
         mask_truncated: bool = False,
+        engine: GenerationEngine | None = None,
     ) -> None:
         self.policy = policy
         self.reward_model = reward_model
@@ -134,6 +136,7 @@ class ExperienceCollector:
         self.reward_timeout = reward_timeout
         self.mask_truncated = mask_truncated
         self._ids_cache: tuple[tuple[int, int, torch.device], Tensor] | None = None
+        self.engine: GenerationEngine = InProcessEngine(policy) if engine is None else engine
 
     def _flatten_actions(self, actions: Any, num_states: int) -> tuple[Any, Tensor, int | None]:
         g = self.group_size
@@ -370,7 +373,7 @@ class ExperienceCollector:
         record = self.record_old_log_probs if record_old is None else record_old
         with torch.no_grad():
             t0 = time.perf_counter()
-            raw_actions, behaviour = self._generate(states, generate_kwargs, record)
+            raw_actions, behaviour, version = self._generate(states, generate_kwargs, record)
             actions, group_ids, g = self._flatten_actions(raw_actions, len(states))
             t1 = time.perf_counter()
             scored = self._score(states, self._flatten_states(states), actions, group_ids)
@@ -380,6 +383,7 @@ class ExperienceCollector:
                 group_ids=scored.group_ids, group_size=g, rewards=scored.rewards,
                 reward_components=scored.components, dropped_groups=len(states) - len(scored.states),
                 loss_rows=self._loss_rows(scored.actions),
+                policy_versions=torch.full_like(scored.group_ids, self._checked_version(version)),
             )  # fmt: skip
             # per-step credit needs the step mask before the update: record the log-probs now
             n = int(group_ids.shape[0])
@@ -391,6 +395,18 @@ class ExperienceCollector:
                 batch = dataclasses.replace(batch, step_rewards=step, rewards=step.sum(-1))
             timings = {"generate": t1 - t0, "score": t2 - t1, "logprobs": time.perf_counter() - t2}
         return dataclasses.replace(batch, timings=timings)
+
+    def _checked_version(self, version: int) -> int:
+        """``version`` (the weights that sampled the batch); a batch sampled by older weights than
+        the trainer's needs the sampler's log-probs kept for the importance correction."""
+        if version != self.engine.version and not self.record_sampler_log_probs:
+            raise RuntimeError(
+                f"the generation engine returned actions sampled by policy version {version}, but the "
+                f"trainer is at version {self.engine.version} and keeps no sampler log-probs to "
+                f"correct for it. Off-policy generation needs GRPOConfig(async_staleness=K) (which "
+                f"turns the sampler correction on) or sampler_is_cap."
+            )
+        return int(version)
 
     def _loss_rows(self, actions: Any) -> Tensor | None:
         """``ExperienceBatch.loss_rows``: with ``mask_truncated``, False for the actions that did
@@ -410,23 +426,19 @@ class ExperienceCollector:
 
     def _generate(
         self, states: Any, generate_kwargs: dict[str, Any], record: bool
-    ) -> tuple[Any, Tensor | PolicyOutput | None]:
-        """The policy's B groups of G actions (eval mode), and the sampler's log-probs of them when
-        it reports them (``generate_actions_with_log_probs``) and they are wanted."""
-        set_training_mode(self.policy, False)
-        if (record or self.record_sampler_log_probs) and has_method(
-            self.policy, "generate_actions_with_log_probs"
-        ):
-            return self.policy.generate_actions_with_log_probs(  # type: ignore[attr-defined,no-any-return]
-                states, self.group_size, **generate_kwargs
-            )
+    ) -> tuple[Any, Tensor | PolicyOutput | None, int]:
+        """The engine's B groups of G actions (`grpo.generation.engine`; the trainer's own policy
+        in eval mode by default), the sampler's log-probs of them when it reports them and they
+        are wanted, and the policy version that sampled them."""
+        want = record or self.record_sampler_log_probs
         try:
-            return self.policy.generate_actions(states, self.group_size, **generate_kwargs), None
+            gen = self.engine.submit(states, self.group_size, with_log_probs=want, **generate_kwargs).result()
         except (TypeError, AttributeError) as e:
             hint = stack_hint(states, e)
             if hint is None:
                 raise
             raise TypeError(f"{method_name(self.policy, 'generate_actions')} raised {hint}") from e
+        return gen.actions, gen.log_probs if want or gen.version != self.engine.version else None, gen.version
 
     def _score(self, states: Any, flat_states: Any, actions: Any, group_ids: Tensor) -> Scored:
         """The rewards of the N flat samples; with ``invalid_rewards="drop_groups"`` the groups

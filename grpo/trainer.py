@@ -52,6 +52,9 @@ from grpo.engine.setup import (
     refresh_reference,
 )
 from grpo.experience_collector import ExperienceBatch, ExperienceCollector, evaluate_log_probs
+from grpo.generation.async_rollouts import PrefetchingEngine
+from grpo.generation.engine import GenerationEngine, engine_metrics
+from grpo.generation.setup import make_engine
 from grpo.grpo_objective import GRPOObjective
 from grpo.metrics import StepCounts, empty_extremes_as_nan
 from grpo.policy_base import EntropyRequest, PolicyModel, has_method, set_training_mode
@@ -114,6 +117,7 @@ class GRPOTrainer(TrainerStateMixin):
         advantage_fn: AdvantageFn | None = None,
         loss_fn: PolicyLossFn | None = None,
         kl_fn: KLFn | None = None,
+        engine: GenerationEngine | None = None,
     ) -> None:
         reward = checked_inputs(config, policy, reward_model, reference_policy)
         self.config = config
@@ -149,8 +153,9 @@ class GRPOTrainer(TrainerStateMixin):
         self.collector = ExperienceCollector(
             self.policy, self.reward_model, config.group_size, self.device,
             reference_policy=self.reference_policy, invalid_rewards=config.invalid_rewards,
-            record_sampler_log_probs=config.sampler_is_cap is not None, reward_timeout=config.reward_timeout,
-            mask_truncated=config.mask_truncated_completions,  # record_old_log_probs: True (the default)
+            record_sampler_log_probs=config.effective_sampler_is_cap is not None,
+            reward_timeout=config.reward_timeout, mask_truncated=config.mask_truncated_completions,
+            engine=make_engine(config, self.policy, engine),  # record_old_log_probs: True (the default)
         )  # fmt: skip
         self.objective = GRPOObjective.from_config(config, loss_fn=loss_fn, kl_fn=kl_fn)
         self._check_sampler_correction()
@@ -194,8 +199,9 @@ class GRPOTrainer(TrainerStateMixin):
             return None
         return UpdateParts(
             self.policy, self.objective, self.plan, self.backend, self.guard, self.params, self.optimizer,
-            self.scheduler, self.device, self._entropy_request(), self.config.sampler_is_cap,
+            self.scheduler, self.device, self._entropy_request(), self.config.effective_sampler_is_cap,
             AdaptiveLR.from_config(self.config, self.scheduler), self.fused_loss,
+            self.config.sampler_correction,
         )  # fmt: skip
 
     def _entropy_request(self) -> EntropyRequest:
@@ -227,7 +233,19 @@ class GRPOTrainer(TrainerStateMixin):
         return LigerGRPOLoss(self.config, compiled=self.device.type == "cuda")
 
     def _check_sampler_correction(self) -> None:
+        """The sampler's log-probs must come from somewhere: an engine with its own weights
+        reports them; the in-process one asks the policy's ``generate_actions_with_log_probs``."""
         cap = self.config.sampler_is_cap
+        engine = self.collector.engine
+        if engine.owns_weights and self.distributed is not None:
+            engine.close()
+            raise ValueError(
+                f"GRPOConfig(generation_engine={self.config.generation_engine!r}) generates on one "
+                f"process; under torchrun ({self.distributed.world_size} processes) use "
+                f"generation_engine='hf' and async_staleness=0."
+            )
+        if engine.owns_weights:
+            return
         if cap is not None and not has_method(self.policy, "generate_actions_with_log_probs"):
             raise TypeError(
                 f"GRPOConfig(sampler_is_cap={cap}) corrects a sampler/trainer mismatch, so the policy "
@@ -324,11 +342,37 @@ class GRPOTrainer(TrainerStateMixin):
         return states if isinstance(states, ExperienceBatch) else self.collector.checked_states(states)
 
     def _count_step(self) -> None:
-        """Step 4: count the step; refresh the reference every ``reference_update_freq`` steps."""
+        """Step 4: count the step; refresh the reference every ``reference_update_freq`` steps;
+        hand the generation engine the new weights (version = the step count)."""
         self.step_count += 1
         freq = self.config.reference_update_freq
         if freq is not None and self.step_count % freq == 0:
             self.refresh_reference()
+        self.sync_engine()
+
+    def sync_engine(self) -> None:
+        """Give the generation engine (`grpo.generation`) the policy's current weights, tagged
+        with ``step_count``: after each update, after a checkpoint is loaded, after a restart
+        (nothing moves for the in-process engine)."""
+        self.collector.engine.sync(self.policy, self.step_count)
+
+    def prefetch(self, states: Any) -> None:
+        """Async rollouts (``config.async_staleness >= 1``): submit the generation of ``states``
+        now, to be taken by a later ``step(states)`` with the same object (`train` calls this k
+        steps ahead; `grpo.generation.async_rollouts`)."""
+        engine = self.collector.engine
+        if not isinstance(engine, PrefetchingEngine):
+            raise RuntimeError(
+                "prefetch() needs async rollouts: GRPOConfig(async_staleness=K >= 1) with an engine "
+                "that owns its weights (generation_engine='worker' or 'vllm')."
+            )
+        engine.prefetch(self._checked(states), self.config.group_size)
+
+    def discard_prefetched(self) -> int:
+        """Wait for and drop the generations `prefetch` submitted that no step took (the end of
+        a run); returns how many. 0 without async rollouts."""
+        engine = self.collector.engine
+        return engine.discard_pending() if isinstance(engine, PrefetchingEngine) else 0
 
     def _metrics(
         self,
@@ -347,6 +391,7 @@ class GRPOTrainer(TrainerStateMixin):
         t0, t1, t2 = times
         self.last_batch, self.last_advantages = batch, adv
         metrics = adv.metrics() | update | action_metrics(batch.actions)
+        metrics |= engine_metrics(self.collector.engine, batch.policy_versions, self.step_count - 1)
         if lr is not None:
             metrics["optim/lr"] = lr
         metrics.update({f"time/{k}": v for k, v in batch.timings.items()})
@@ -398,7 +443,9 @@ class GRPOTrainer(TrainerStateMixin):
                 batch.num_groups, adv.keep,
             )  # fmt: skip
             sums = (local if self.backend is None else self.backend.global_sum(local)).tolist()
-        return watch.observe(metrics, batch.num_samples * world, sums)
+        metrics = watch.observe(metrics, batch.num_samples * world, sums)
+        self.sync_engine()  # a restart (or its undoing) may have changed the weights
+        return metrics
 
     def _run_update(
         self, batch: ExperienceBatch, adv: Advantages, decisions: UpdateDecisions
@@ -506,6 +553,8 @@ class GRPOTrainer(TrainerStateMixin):
         calls it before destroying the process group."""
         if self.backend is not None and not self._closed:
             self.backend.close()
+        if not self._closed:
+            self.collector.engine.close()
         self._closed = True
 
     # ---- training loop (grpo.training.loop) ---------------------------------------------

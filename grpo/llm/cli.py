@@ -320,6 +320,8 @@ SEED_FLAGS: dict[str, tuple[str, ...]] = {
     "num_epochs_per_update": ("--num-iterations",),
     "checkpoint_freq": ("--save-steps",),
     "recipe_name": ("--recipe",),
+    "async_staleness": ("--async",),
+    "generation_engine": ("--engine",),
 }
 
 #: This command's defaults of GRPOConfig fields (an LLM run's, where GRPOConfig's suit small

@@ -59,6 +59,9 @@ class ExperienceBatch:
         loss_rows: (N,) bool, False for the samples that contribute no gradient (their loss-mask
             rows are zeroed in the update), set by the collector with
             ``GRPOConfig.mask_truncated_completions``: actions that did not end. None = all rows.
+        policy_versions: (N,) int64, the policy version (the trainer's ``step_count`` when the
+            generation engine last received weights) that sampled each action; None for a batch
+            built elsewhere (`from_groups`). Older than the trainer's = off-policy (async).
     """
 
     states: Any
@@ -76,6 +79,7 @@ class ExperienceBatch:
     dropped_groups: int = 0
     step_rewards: Tensor | None = None
     loss_rows: Tensor | None = None
+    policy_versions: Tensor | None = None
 
     @property
     def num_samples(self) -> int:

@@ -95,6 +95,9 @@ class TrainerStateMixin:
     _checkpoint_components: dict[str, Any]
     backend: Backend | None
 
+    def sync_engine(self) -> None:
+        """Give the generation engine the loaded weights (the trainer implements it)."""
+
     def register_checkpoint_state(self, name: str, obj: Any) -> None:
         """Save and restore ``obj`` (with ``state_dict()`` / ``load_state_dict()``) in checkpoints,
         e.g. a data sampler. The state dict may hold tensors and plain data, never other objects."""
@@ -180,6 +183,8 @@ class TrainerStateMixin:
             self.generator.set_state(state["generator"])
             self.step_count = int(state["step_count"])
             self.guard.non_finite_steps = int(state["non_finite_steps"])
+            stage = "generation engine (sync of the loaded weights)"
+            self.sync_engine()
         except BaseException as e:
             failed = self._restore(undo)
             if not isinstance(e, Exception):
@@ -202,6 +207,7 @@ class TrainerStateMixin:
         self.generator.set_state(state["generator"])
         self.step_count = int(state["step_count"])
         self.guard.non_finite_steps = int(state["non_finite_steps"])
+        self.sync_engine()
 
     # ---- sharded weights (FSDP): gathered on save, broadcast and sharded on load ------------------
     def _sharded(self) -> ShardedWeights | None:

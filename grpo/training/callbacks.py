@@ -121,6 +121,15 @@ class TrainerLike(Protocol):
         """One GRPO step on a batch of states; returns its metrics."""
         ...
 
+    def prefetch(self, states: Any) -> None:
+        """Async rollouts (``config.async_staleness >= 1``): submit the generation of ``states``
+        ahead of the step that trains on them."""
+        ...
+
+    def discard_prefetched(self) -> int:
+        """Drop the generations submitted ahead and not trained on; returns how many."""
+        ...
+
     def check_lockstep(self, states: Any) -> None:
         """Raise on every rank when the ranks would run different forwards (DeepSpeed ZeRO-3)."""
         ...

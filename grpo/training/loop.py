@@ -45,6 +45,7 @@ The loop knows the trainer only through `grpo.training.callbacks.TrainerLike`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -60,6 +61,7 @@ from grpo.metrics.sinks import format_metrics
 from grpo.runtime.threads import intra_op_threads
 from grpo.training.callbacks import HOOKS, TrainerLike, TrainState
 from grpo.training.evaluation import EvalOptions, check_eval_options, evaluate
+from grpo.training.prefetch import PrefetchedBatches
 from grpo.training.progress import EVAL_KEYS, ProgressReport, report_visible, training_summary
 from grpo.training.progress import Progress as Progress
 from grpo.training.progress import end_line as end_line
@@ -141,8 +143,15 @@ def train(
     )  # fmt: skip
     _resume_and_plan(run, states_source, resume_from)
     batches = _open_source(run, states_source, resume_from)
+    if trainer.config.async_staleness > 0:  # generation k steps ahead (grpo.training.prefetch)
+        own = states_source if _registered(trainer, states_source) else None
+        run.prefetched = PrefetchedBatches(trainer, batches, trainer.config.async_staleness, num_steps, own)
+        batches = run.prefetched
     _call(callbacks, "on_train_start", state)
-    _run_reported(run, batches, progress, log_every)
+    try:
+        _run_reported(run, batches, progress, log_every)
+    finally:
+        _drop_prefetched(run)
     _finish(run)
     return state
 
@@ -162,6 +171,7 @@ class _Run:
     sinks: list[Any]
     checkpoint_dir: str | os.PathLike[str] | None
     last_saved: int | None = None
+    prefetched: PrefetchedBatches | None = None
 
     @property
     def trainer(self) -> TrainerLike:
@@ -447,10 +457,23 @@ def _final_checkpoint(run: _Run) -> None:
 
 
 def _checkpoint(run: _Run, directory: str | os.PathLike[str]) -> None:
-    path = Path(run.trainer.save_checkpoint(directory))
+    """A checkpoint of the trained steps (with async rollouts: a checkpointed source at the
+    position of the batches trained, not of those drawn ahead)."""
+    with contextlib.nullcontext() if run.prefetched is None else run.prefetched.at_trained_position():
+        path = Path(run.trainer.save_checkpoint(directory))
     run.state.checkpoints.append(path)
     logger.info("step %d: checkpoint saved to %s", run.state.step, path)
     _call(run.callbacks, "on_checkpoint", run.state, path)
+
+
+def _drop_prefetched(run: _Run) -> None:
+    """Async rollouts: the batches drawn ahead and not trained are put back (a checkpointed
+    source) and their generations dropped, so a later run draws them again."""
+    if run.prefetched is not None:
+        dropped = run.prefetched.close()
+        run.trainer.discard_prefetched()
+        if dropped:
+            logger.debug("dropped %d batch(es) generated ahead and not trained on", dropped)
 
 
 def _finish(run: _Run) -> None:
