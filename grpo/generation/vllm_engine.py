@@ -1,0 +1,517 @@
+"""`VLLMEngine`: vLLM samples the completions of a `CausalLMPolicy`, on the trainer's GPU.
+
+``GRPOConfig(generation_engine="vllm")`` (optional extra ``vllm``, CUDA only). The engine saves
+the policy's model to a temporary directory, builds a ``vllm.LLM`` on the same GPU (a share
+``gpu_memory_utilization`` of its memory) and after every update receives the trainer's weights:
+
+* full fine-tuning: the trainer's parameters (Hugging Face names) go into vLLM's model through
+  its ``load_weights``, on the device (no disk), and the prefix cache is reset;
+* LoRA: only the adapter moves: it is saved (safetensors) and the next generations use a new
+  ``LoRARequest`` (a new integer id per version) over the base weights saved once.
+
+Prompts are encoded by the policy itself (``encode_prompt``: the trainer's chat template and
+tokenizer), the policy's sampling settings map to ``SamplingParams`` (`sampling_params_kwargs`),
+and each sample becomes the same `Completion` the Hugging Face path builds
+(`completions_and_log_probs`). The sampler's log-prob of every sampled token comes back with it
+(vLLM's ``logprobs_mode="processed_logprobs"``: after the min_tokens EOS ban, temperature and
+any top-k / top-p / min-p truncation), as a `PolicyOutput` (N, T) float32 on the trainer's
+device. Without truncation (``top_k=0, top_p=1, min_p=0, repetition_penalty=1``) they are the
+density the trainer computes; with truncation they are the truncated sampler's, which the
+trainer's sampler correction reads as a sampler/trainer mismatch.
+
+vLLM's offline API is synchronous; one background thread (``ThreadPoolExecutor(max_workers=1)``)
+runs the generations and weight loads in the order they were submitted, so `submit` returns at
+once and the next batch can be generated while the trainer updates (async rollouts).
+
+The calls into vLLM's internals sit in small functions named ``_vllm_*``, each with the vLLM
+version it was written for: they move between versions.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import logging
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from grpo.engine.distributed import get_world_size
+from grpo.generation.engine import Generated
+from grpo.llm.policy import CausalLMPolicy, Completion, SamplingOptions
+from grpo.policy_base import PolicyModel, PolicyOutput
+from grpo.runtime.extras import install_hint
+
+__all__ = [
+    "VLLMEngine",
+    "VLLMSample",
+    "completions_and_log_probs",
+    "request_seeds",
+    "require_vllm",
+    "sampling_params_kwargs",
+    "vllm_max_lora_rank",
+]
+
+logger = logging.getLogger(__name__)
+
+# the ranks vLLM's LoRA kernels are built for (vllm/config/lora.py, MaxLoRARanks, vLLM 0.33)
+VLLM_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def require_vllm() -> ModuleType:
+    """Import ``vllm`` or raise ImportError naming the extra to install (CUDA, Linux)."""
+    try:
+        return importlib.import_module("vllm")
+    except ImportError as e:
+        raise ImportError(
+            f"generation_engine='vllm' needs the optional package 'vllm', which is not installed "
+            f"({e}). Install the 'vllm' extra on a Linux machine with a CUDA GPU: "
+            f"{install_hint('vllm')}; or use generation_engine='worker' or 'hf'."
+        ) from e
+
+
+# ---- pure parts (no vLLM needed) -------------------------------------------------------------
+def sampling_params_kwargs(
+    options: SamplingOptions, *, n: int, max_tokens: int, eos_token_ids: Sequence[int], seed: int | None
+) -> dict[str, Any]:
+    """The ``vllm.SamplingParams(**kwargs)`` of one prompt: G = ``n`` samples of at most
+    ``max_tokens`` tokens with the policy's sampling ``options``.
+
+    EOS: generation stops at any of ``eos_token_ids`` (the policy's, which the trainer bans for the
+    first ``min_new_tokens`` positions too), and the stop token stays in the ids. ``logprobs=0``:
+    the log-prob of the sampled token only. ``top_k=0`` (off) is passed as -1, which every vLLM
+    reads as off (0.8 rejects 0). ``detokenize=False``: the policy's tokenizer decodes the text.
+    """
+    if n < 1 or max_tokens < 1:
+        raise ValueError(f"sampling_params_kwargs: n={n} and max_tokens={max_tokens} must be >= 1.")
+    return {
+        "n": int(n),
+        "temperature": float(options.temperature),
+        "top_p": float(options.top_p),
+        "top_k": int(options.top_k) if options.top_k > 0 else -1,
+        "min_p": float(options.min_p),
+        "repetition_penalty": float(options.repetition_penalty),
+        "max_tokens": int(max_tokens),
+        "min_tokens": min(int(options.min_new_tokens), int(max_tokens)),
+        "stop_token_ids": [int(t) for t in eos_token_ids],
+        "logprobs": 0,
+        "seed": seed,
+        "detokenize": False,
+    }
+
+
+def request_seeds(seed: int, job: int, num_prompts: int, group_size: int) -> list[int]:
+    """One seed per prompt of generation job ``job``: ``base + k * G`` for prompt k, with
+    ``base`` drawn from ``(seed, job)``. vLLM gives the i-th of a prompt's G samples the seed
+    ``seed_k + i``, so no two samples of a job share one, and equal (seed, job) give equal seeds."""
+    base = random.Random(f"grpo-vllm:{seed}:{job}").getrandbits(48)
+    return [base + k * group_size for k in range(num_prompts)]
+
+
+def vllm_max_lora_rank(rank: int) -> int:
+    """The smallest rank vLLM's LoRA kernels support that holds an adapter of rank ``rank``."""
+    for r in VLLM_LORA_RANKS:
+        if r >= rank:
+            return r
+    raise ValueError(f"LoRA rank r={rank} exceeds vLLM's largest ({VLLM_LORA_RANKS[-1]}); use a smaller r.")
+
+
+@dataclass(frozen=True)
+class VLLMSample:
+    """One vLLM sample as plain data: its token ids, the sampler's log-prob of each, and why it
+    ended (``"stop"``: a stop token, ``"length"``: the token limit)."""
+
+    token_ids: list[int]
+    log_probs: list[float]
+    finish_reason: str | None
+
+
+def _completion(
+    prompt: Tensor, sample: VLLMSample, text: str, eos: set[int], options: SamplingOptions
+) -> Completion:
+    """The `Completion` of one sample (ValueError for a sample the trainer could not score)."""
+    ids = sample.token_ids
+    if len(sample.log_probs) != len(ids) or not ids:
+        raise ValueError(
+            f"vLLM returned {len(ids)} tokens and {len(sample.log_probs)} log-probs; expected as many, "
+            "at least one (SamplingParams(logprobs=0, max_tokens>=1))."
+        )
+    if sample.finish_reason not in ("stop", "length"):
+        raise ValueError(
+            f"vLLM finished a sample with reason {sample.finish_reason!r}; expected 'stop' or 'length'."
+        )
+    finished = sample.finish_reason == "stop"
+    if finished and ids[-1] not in eos:
+        raise ValueError(
+            f"vLLM stopped a sample at token {ids[-1]}, which is not an EOS id {sorted(eos)}: its stop "
+            "token was dropped from the ids (a vLLM version that does so is not supported)."
+        )
+    toks = torch.tensor(ids, dtype=torch.long)
+    return Completion(prompt, toks, text, finished, options.temperature, options.min_new_tokens)
+
+
+def completions_and_log_probs(
+    tokenizer: Any,
+    prompts: Sequence[Sequence[int]],
+    samples: Sequence[Sequence[VLLMSample]],
+    eos_token_ids: Sequence[int],
+    options: SamplingOptions,
+    device: torch.device | str = "cpu",
+) -> tuple[list[list[Completion]], PolicyOutput]:
+    """B groups of G `Completion` s and the sampler's log-probs of them, as the HF path builds them.
+
+    ``prompts[k]``: prompt k's token ids; ``samples[k]``: its G samples. Each completion's
+    ``token_ids`` end with the EOS id when it finished (``finish_reason == "stop"``), its text is
+    decoded with ``tokenizer`` skipping special tokens. Log-probs: ``log_probs`` (N, T) float32,
+    N = B*G group-major, T = the longest completion, right-padded with 0; ``mask`` (N, T) bool
+    ``j < len(completion i)`` (by position), on ``device``.
+    """
+    if len(prompts) != len(samples):
+        raise ValueError(
+            f"got {len(prompts)} prompts and {len(samples)} sample groups; expected one group each."
+        )
+    eos = {int(t) for t in eos_token_ids}
+    flat = [s for group in samples for s in group]
+    texts = tokenizer.batch_decode([s.token_ids for s in flat], skip_special_tokens=True) if flat else []
+    groups: list[list[Completion]] = []
+    i = 0
+    for prompt, group in zip(prompts, samples, strict=True):
+        p = torch.tensor(list(prompt), dtype=torch.long)
+        groups.append([_completion(p, s, texts[i + j], eos, options) for j, s in enumerate(group)])
+        i += len(group)
+    t = max([len(s.token_ids) for s in flat] + [1])
+    logp = torch.zeros((len(flat), t), dtype=torch.float32)
+    lengths = torch.tensor([len(s.token_ids) for s in flat], dtype=torch.long)
+    for row, s in enumerate(flat):
+        logp[row, : len(s.log_probs)] = torch.tensor(s.log_probs, dtype=torch.float32)
+    mask = torch.arange(t).unsqueeze(0) < lengths.unsqueeze(1)  # (N, T) by position
+    return groups, PolicyOutput(log_probs=logp.to(device), mask=mask.to(device))
+
+
+def _lora_base_state_dict(peft_model: Any) -> dict[str, Tensor]:
+    """The base model's weights of a PEFT (LoRA) model under the base checkpoint's names:
+    ``lora_*`` tensors left out, ``.base_layer.`` removed. ValueError for ``modules_to_save``
+    (trainable full copies, which vLLM's LoRA cannot take)."""
+    state: dict[str, Tensor] = {}
+    for name, tensor in peft_model.get_base_model().state_dict().items():
+        if "modules_to_save" in name:
+            raise ValueError(
+                f"the LoRA model trains full copies of some modules ({name}: modules_to_save); "
+                "vLLM LoRA adapters cannot hold them. Drop modules_to_save or use generation_engine='worker'."
+            )
+        if "lora_" in name:
+            continue
+        state[name.replace(".base_layer.", ".").replace(".original_module.", ".")] = tensor
+    return state
+
+
+# ---- vLLM calls (version-specific) -----------------------------------------------------------
+def _vllm_build_llm(vllm: ModuleType, model_dir: str, **kwargs: Any) -> Any:
+    """``vllm.LLM`` with the engine core in this process. Written for vLLM 0.33 (read from its wheel):
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` during construction keeps the model in this process, so
+    ``collective_rpc`` / ``apply_model`` reach it without serialisation; ``logprobs_mode`` exists
+    since 0.10.2."""
+    previous = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        return vllm.LLM(model=model_dir, tokenizer=model_dir, **kwargs)
+    finally:
+        if previous is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = previous
+
+
+def _vllm_generate(
+    vllm: ModuleType, llm: Any, prompts: Sequence[Sequence[int]], params: Sequence[dict[str, Any]], lora: Any
+) -> list[list[VLLMSample]]:
+    """Generate and read back plain samples. Written for vLLM 0.33: prompts as
+    ``{"prompt_token_ids": ids}``, ``RequestOutput.outputs[i]`` with ``index``, ``token_ids``,
+    ``logprobs[pos][token_id].logprob`` (a list of dicts or ``FlatLogprobs``), ``finish_reason``."""
+    outputs = llm.generate(
+        [{"prompt_token_ids": list(p)} for p in prompts],
+        [vllm.SamplingParams(**kw) for kw in params],
+        use_tqdm=False,
+        lora_request=lora,
+    )
+    groups: list[list[VLLMSample]] = []
+    for out in outputs:
+        samples = []
+        for o in sorted(out.outputs, key=lambda o: o.index):
+            ids = [int(t) for t in o.token_ids]
+            lps = (
+                [float(o.logprobs[j][t].logprob) for j, t in enumerate(ids)] if o.logprobs is not None else []
+            )
+            samples.append(VLLMSample(ids, lps, o.finish_reason))
+        groups.append(samples)
+    return groups
+
+
+def _vllm_load_weights(llm: Any, weights: list[tuple[str, Tensor]]) -> None:
+    """Copy (HF name, tensor) pairs into vLLM's model (its ``load_weights`` maps HF names onto
+    fused qkv / gate_up parameters and skips a tied lm_head), then drop the prefix cache (its KV
+    was computed with the old weights). Written for vLLM 0.33 (``LLM.apply_model`` since 0.9; the
+    model in this process, see `_vllm_build_llm`)."""
+    llm.apply_model(lambda model: model.load_weights(iter(weights)))
+    llm.reset_prefix_cache()
+
+
+def _vllm_lora_request(vllm_lora: ModuleType, version: int, path: str) -> Any:
+    """A ``LoRARequest`` for the adapter of ``version`` (int id version + 1 >= 1). vLLM 0.33
+    (``vllm.lora.request.LoRARequest(lora_name, lora_int_id, lora_path)`` since 0.6)."""
+    return vllm_lora.LoRARequest(lora_name=f"grpo-v{version}", lora_int_id=version + 1, lora_path=path)
+
+
+def _vllm_shutdown(llm: Any) -> None:
+    """Stop the in-process engine core and free vLLM's GPU memory and process groups (vLLM 0.33:
+    ``vllm.distributed.parallel_state.cleanup_dist_env_and_memory``), so another LLM can be built."""
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except AttributeError:
+        logger.debug("this vLLM has no llm_engine.engine_core.shutdown(); relying on garbage collection")
+    del llm
+    parallel_state = importlib.import_module("vllm.distributed.parallel_state")
+    parallel_state.cleanup_dist_env_and_memory()
+
+
+# ---- the engine ------------------------------------------------------------------------------
+class _FutureGeneration:
+    """A generation running on the engine's thread; ``result()`` waits for it."""
+
+    def __init__(self, future: Future[Generated]) -> None:
+        self._future = future
+
+    def result(self) -> Generated:
+        return self._future.result()
+
+
+def _checked_policy(policy: PolicyModel) -> CausalLMPolicy:
+    """``policy`` as a single-process `CausalLMPolicy` on a CUDA machine, or a clear error."""
+    if not isinstance(policy, CausalLMPolicy):
+        raise TypeError(
+            f"VLLMEngine generates for a grpo.llm.CausalLMPolicy; got {type(policy).__name__}. Use "
+            "generation_engine='hf' or 'worker' for other policies."
+        )
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "VLLMEngine runs vLLM on a CUDA GPU, and torch.cuda.is_available() is False here. On a "
+            "machine without one use GRPOConfig(generation_engine='worker') or 'hf'."
+        )
+    if policy.is_partitioned or get_world_size() > 1:
+        raise ValueError(
+            "VLLMEngine serves one training process with unpartitioned weights; this run has "
+            f"{get_world_size()} processes (or FSDP / ZeRO-3 weights). Use generation_engine='hf'."
+        )
+    return policy
+
+
+class VLLMEngine:
+    """A `GenerationEngine` over a ``vllm.LLM`` colocated with the trainer (`for_policy`).
+
+    Attributes:
+        last_sync_seconds: wall time of the last `sync` (full: the device copy into vLLM; LoRA:
+            saving the adapter).
+        last_sync_bytes: bytes moved by the last `sync` (full: the parameters' bytes; LoRA: the
+            adapter file).
+        last_generation: ``{"completion_tokens", "seconds"}`` of the last generation.
+    """
+
+    owns_weights = True
+
+    def __init__(self, llm: Any, policy: CausalLMPolicy, workdir: Path, *, seed: int) -> None:
+        self._llm = llm
+        self._vllm = require_vllm()
+        self.policy = policy
+        self.workdir = workdir
+        self.seed = int(seed)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-vllm")
+        self._version = 0  # the last sync submitted
+        self._loaded_version = 0  # the weights generations now use (the engine's thread)
+        self._jobs = 0
+        self._lora: Any = None
+        self._closed = False
+        self.last_sync_seconds = 0.0
+        self.last_sync_bytes = 0
+        self.last_generation: dict[str, float] = {}
+        if policy.is_peft:
+            path, _ = self._save_adapter(policy, 0)
+            self._lora = _vllm_lora_request(importlib.import_module("vllm.lora.request"), 0, path)
+
+    @classmethod
+    def for_policy(
+        cls,
+        policy: PolicyModel,
+        *,
+        seed: int | None,
+        gpu_memory_utilization: float = 0.3,
+        dtype: str = "auto",
+        enforce_eager: bool = False,
+        **llm_kwargs: Any,
+    ) -> VLLMEngine:
+        """Save ``policy``'s model (LoRA: the base weights) to a temporary directory and build a
+        ``vllm.LLM`` on the same GPU with ``gpu_memory_utilization`` of its memory (weights and KV
+        cache), ``seed``, the policy's ``max_model_len`` and, for LoRA, ``enable_lora`` at the
+        adapter's rank (``seed=None``: 0). ``llm_kwargs`` go to ``vllm.LLM`` as they are."""
+        seed = 0 if seed is None else int(seed)
+        lm = _checked_policy(policy)
+        vllm = require_vllm()
+        workdir = Path(tempfile.mkdtemp(prefix="grpo-vllm-"))
+        model_dir = workdir / "model"
+        kwargs: dict[str, Any] = {
+            "seed": int(seed),
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "dtype": dtype,
+            "enforce_eager": enforce_eager,
+            "logprobs_mode": "processed_logprobs",
+        }
+        if lm.max_model_len is not None:
+            kwargs["max_model_len"] = lm.max_model_len
+        if lm.is_peft:
+            base = lm.model.get_base_model()
+            base.save_pretrained(
+                str(model_dir), state_dict=_lora_base_state_dict(lm.model), safe_serialization=True
+            )
+            rank = int(lm.model.peft_config[_active_adapter(lm.model)].r)
+            kwargs.update(enable_lora=True, max_lora_rank=vllm_max_lora_rank(rank), max_loras=1)
+        else:
+            lm.model.save_pretrained(str(model_dir), safe_serialization=True)
+        lm.tokenizer.save_pretrained(str(model_dir))
+        kwargs.update(llm_kwargs)
+        try:
+            llm = _vllm_build_llm(vllm, str(model_dir), **kwargs)
+        except BaseException:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        return cls(llm, lm, workdir, seed=seed)
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    # ---- generation --------------------------------------------------------------------------
+    def submit(
+        self, states: Any, num_actions_per_state: int, *, with_log_probs: bool, **kwargs: Any
+    ) -> _FutureGeneration:
+        """Queue the generation of G = ``num_actions_per_state`` completions per state (``kwargs``:
+        the policy's sampling overrides, `grpo.llm.policy.GENERATE_OPTIONS`). The sampler's
+        log-probs come back whether or not ``with_log_probs`` asks for them (they cost nothing)."""
+        self._check_open()
+        policy = self.policy
+        opts = policy.sampling_options(kwargs)
+        g = int(num_actions_per_state)
+        prompts = [policy.encode_prompt(s) for s in states]
+        budgets = policy.completion_budgets([len(p) for p in prompts], opts.max_new_tokens)
+        seeds = request_seeds(self.seed, self._jobs, len(prompts), g)
+        self._jobs += 1
+        params = [
+            sampling_params_kwargs(opts, n=g, max_tokens=b, eos_token_ids=policy.eos_token_ids, seed=s)
+            for b, s in zip(budgets, seeds, strict=True)
+        ]
+        future = self._executor.submit(self._generate, states, prompts, params, opts, policy.device)
+        return _FutureGeneration(future)
+
+    def _generate(
+        self,
+        states: Any,
+        prompts: list[list[int]],
+        params: list[dict[str, Any]],
+        opts: SamplingOptions,
+        device: torch.device,
+    ) -> Generated:
+        """Runs on the engine's thread: vLLM's samples -> `Generated` (version: the loaded one)."""
+        t0 = time.perf_counter()
+        samples = _vllm_generate(self._vllm, self._llm, prompts, params, self._lora)
+        actions, logp = completions_and_log_probs(
+            self.policy.tokenizer, prompts, samples, self.policy.eos_token_ids, opts, device
+        )
+        tokens = sum(len(s.token_ids) for group in samples for s in group)
+        self.last_generation = {"completion_tokens": float(tokens), "seconds": time.perf_counter() - t0}
+        return Generated(states, actions, logp, self._loaded_version)
+
+    # ---- weights -----------------------------------------------------------------------------
+    def sync(self, policy: PolicyModel, version: int) -> None:
+        """The trainer's weights after ``version`` updates, for the generations submitted after
+        this call. LoRA: the adapter is saved now and switched to on the engine's thread (the
+        call returns at once). Full: waits for the generations queued before, then copies the
+        trainable parameters into vLLM's model (the trainer is not updating meanwhile)."""
+        self._check_open()
+        lm = _checked_policy(policy)
+        if lm.is_peft != (self._lora is not None):
+            raise ValueError("sync() got a policy with(out) LoRA unlike the one the engine was built for.")
+        self._version = int(version)
+        t0 = time.perf_counter()
+        if self._lora is not None:
+            path, nbytes = self._save_adapter(lm, int(version))
+            lora_module = importlib.import_module("vllm.lora.request")
+            request = _vllm_lora_request(lora_module, int(version), path)
+            self.last_sync_seconds, self.last_sync_bytes = time.perf_counter() - t0, nbytes
+            self._executor.submit(self._switch_adapter, request, int(version))
+            return
+        weights = [(n, p.detach()) for n, p in lm.get_parameters().items()]
+        self._executor.submit(self._load, weights, int(version)).result()
+        self.last_sync_seconds = time.perf_counter() - t0
+        self.last_sync_bytes = sum(t.numel() * t.element_size() for _, t in weights)
+
+    def _load(self, weights: list[tuple[str, Tensor]], version: int) -> None:
+        _vllm_load_weights(self._llm, weights)
+        torch.cuda.synchronize()
+        self._loaded_version = version
+
+    def _switch_adapter(self, request: Any, version: int) -> None:
+        previous = self._lora
+        self._lora, self._loaded_version = request, version
+        if previous is not None and previous.lora_path != request.lora_path:
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+
+    def _save_adapter(self, policy: CausalLMPolicy, version: int) -> tuple[str, int]:
+        """Save the active LoRA adapter for ``version``: (its directory, its file's bytes)."""
+        target = self.workdir / f"adapter-v{version}"
+        name = _active_adapter(policy.model)
+        policy.model.save_pretrained(str(target), selected_adapters=[name], safe_serialization=True)
+        path = target if name == "default" else target / name  # PEFT nests non-default adapters
+        nbytes = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+        return str(path), nbytes
+
+    # ---- shutdown ----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this VLLMEngine is closed; build a new one (VLLMEngine.for_policy).")
+
+    def close(self) -> None:
+        """Wait for the queued work, free vLLM (GPU memory, process groups) and the saved
+        weights. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._executor.shutdown(wait=True)
+        llm, self._llm = self._llm, None
+        try:
+            _vllm_shutdown(llm)
+        finally:
+            del llm
+            gc.collect()
+            torch.cuda.empty_cache()
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> VLLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _active_adapter(peft_model: Any) -> str:
+    """The name of a PEFT model's active adapter (the one the policy trains)."""
+    active = peft_model.active_adapter
+    return str(active[0] if isinstance(active, (list, tuple)) else active)
