@@ -1,7 +1,7 @@
 """GRPO step throughput on a causal LM: grpo vs TRL's GRPOTrainer (when installed).
 
-    python benchmarks/llm_throughput.py [--trl-python /work/venv-trl/bin/python] [--steps 5]
-    python benchmarks/llm_throughput.py --device cuda --model qwen2-0.5b --bf16   # on a GPU
+    python benchmarks/llm_throughput.py [--trl-python PY] [--steps 5] [--rounds 3] [--sides hf:0 worker:1 trl]
+    python benchmarks/llm_throughput.py --device cuda --model qwen2-0.5b --bf16 --sides hf:0 vllm:1 trl
 
 Same model (``--model tiny``: a random Llama, hidden 64, 2 layers, 55-token vocabulary;
 ``--model qwen2-0.5b``: Qwen2-0.5B's architecture, 494M parameters, 151,936-token vocabulary,
@@ -14,7 +14,11 @@ seconds per step (the median of the timed steps, after one warm-up step; TRL's s
 interval between consecutive step ends, so generation is included), completion tokens per second
 (completion tokens actually generated in that step / its time), and the process's peak resident
 memory (CPU) or peak CUDA memory. Ratios are grpo / TRL for speed and memory. On a shared CPU
-the figures move with the load of other processes: run it a few times. ``--bf16`` (CUDA only):
+the figures move with the load of other processes: the sides run in turn in each of ``--rounds``
+rounds, and each ratio is taken within a round. A side ``ENGINE:K`` is grpo with
+``generation_engine=ENGINE`` and ``async_staleness=K`` (issue 30: ``worker:1`` generates the next
+batch in a worker process while this one updates); its step time is the interval between step
+ends, as TRL's, and it also reports the worker's peak memory and the weight-sync time. ``--bf16`` (CUDA only):
 float32 weights with bf16 autocast on both sides (grpo's `CausalLMPolicy(autocast=True)`, TRL's
 ``bf16=True``); without it both run in float32.
 """
@@ -24,9 +28,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 PROMPTS = [f"{i}+{j}=" for i, j in [(1, 2), (3, 4), (5, 1), (2, 2), (7, 1), (0, 9), (4, 4), (6, 3)]]
@@ -36,30 +42,34 @@ import json, resource, sys, time, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from grpo import GRPOConfig, GRPOTrainer
 from grpo.llm import CausalLMPolicy, RewardFunctions
+from grpo.training.callbacks import Callback
 model_dir, steps, device, prompts = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
-bf16 = sys.argv[5] == "1"
+bf16, engine, k = sys.argv[5] == "1", sys.argv[6], int(sys.argv[7])
 torch.manual_seed(0)
 tok = AutoTokenizer.from_pretrained(model_dir)
 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
 policy = CausalLMPolicy(model, tok, max_new_tokens=32, temperature=1.0, autocast=bf16)
 reward = RewardFunctions(lambda p, c: [c_.count("7") / 32 for c_ in c])
 trainer = GRPOTrainer(GRPOConfig(group_size=8, batch_size=8, learning_rate=1e-5, kl_coeff=0.0, device=device,
-                                 seed=0), policy, reward)
-times, tokens = [], []
-for s in range(steps + 1):
-    if device.startswith("cuda"): torch.cuda.synchronize()
-    t = time.perf_counter()
-    trainer.step(prompts)
-    if device.startswith("cuda"): torch.cuda.synchronize()
-    if s:  # step 0 is warm-up
-        times.append(time.perf_counter() - t); tokens.append(policy.last_generation["completion_tokens"])
-order = sorted(range(len(times)), key=times.__getitem__)
-mid = order[len(order) // 2]  # the median step (robust to other processes on a shared CPU)
+                                 seed=0, generation_engine=engine, async_staleness=k), policy, reward)
+class Clock(Callback):  # as TRL's: the interval between consecutive step ends
+    def __init__(self): self.ends, self.tokens = [], []
+    def on_step_end(self, state, metrics):
+        if device.startswith("cuda"): torch.cuda.synchronize()
+        self.ends.append(time.perf_counter()); self.tokens.append(metrics["completion/tokens"])
+clock = Clock()
+trainer.train(prompts, steps + 1, progress=False, callbacks=[clock])
+times = [b - a for a, b in zip(clock.ends, clock.ends[1:])]  # steps 1.. (step 0 = warm-up)
+tokens = clock.tokens[1:]
+mid = sorted(range(len(times)), key=times.__getitem__)[len(times) // 2]  # the median step
 times, tokens = [times[mid]], [tokens[mid]]
+sync = getattr(getattr(trainer.collector.engine, "inner", trainer.collector.engine), "last_sync_seconds", 0.0)
+trainer.close()  # joins a worker process: its peak memory is then in RUSAGE_CHILDREN
 peak = (torch.cuda.max_memory_allocated() if device.startswith("cuda")
         else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
 print(json.dumps({"s_per_step": sum(times) / len(times), "tokens_per_s": sum(tokens) / sum(times),
-                  "peak": peak}))
+                  "peak": peak, "worker_peak": child, "sync_s": sync}))
 """
 
 TRL = r"""
@@ -104,13 +114,21 @@ print(json.dumps({"s_per_step": sum(times) / len(times), "tokens_per_s": tokens 
 
 
 def run(
-    python: str, code: str, model_dir: str, steps: int, device: str, bf16: bool, extra_path: str | None
+    python: str, code: str, model_dir: str, steps: int, device: str, bf16: bool, extra: Sequence[str] = ()
 ) -> dict[str, float]:
     env = dict(os.environ)
-    if extra_path:
-        env["PYTHONPATH"] = extra_path
     out = subprocess.run(
-        [python, "-c", code, model_dir, str(steps), device, json.dumps(PROMPTS), "1" if bf16 else "0"],
+        [
+            python,
+            "-c",
+            code,
+            model_dir,
+            str(steps),
+            device,
+            json.dumps(PROMPTS),
+            "1" if bf16 else "0",
+            *extra,
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -124,19 +142,42 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=5, help="timed steps (after one warm-up step)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--trl-python", default="/work/venv-trl/bin/python", help="python with trl installed")
+    p.add_argument("--trl-python", default="/work/benchvenv/bin/python", help="python with trl installed")
     p.add_argument(
         "--model", choices=["tiny", "qwen2-0.5b"], default="tiny", help="architecture (random weights)"
     )
     p.add_argument("--bf16", action="store_true", help="bf16 autocast on both sides (CUDA only)")
+    p.add_argument(
+        "--sides", nargs="+", default=["hf:0", "worker:1", "trl"],
+        help="what to measure, alternating in each round: ENGINE:K (grpo with generation_engine=ENGINE, "
+        "async_staleness=K) or trl",
+    )  # fmt: skip
+    p.add_argument("--rounds", type=int, default=3, help="rounds; each runs every side once, in turn")
     a = p.parse_args()
     if a.bf16 and not a.device.startswith("cuda"):
         p.error("--bf16 needs --device cuda (grpo's autocast is CUDA-only)")
+    model_dir, name, params, vocab = _model(a.model)
+    print(
+        f"{name}, {params / 1e6:.2f}M parameters, vocab {vocab}; 8 prompts x 8 generations, 32 new "
+        f"tokens, {a.steps} timed steps on {a.device}, {'bf16 autocast' if a.bf16 else 'float32'}; "
+        f"{a.rounds} rounds of {a.sides}"
+    )
+    results: dict[str, list[dict[str, float]]] = {side: [] for side in a.sides}
+    for r in range(a.rounds):
+        for side in a.sides:
+            res = _measure(side, a, model_dir)
+            if res is not None:
+                results[side].append(res)
+                print(f"round {r} {side:<10} {res['s_per_step']:.3f} s/step", flush=True)
+    _report(results)
+
+
+def _model(kind: str) -> tuple[str, str, int, int]:
     from grpo.llm.tiny import build_tiny_model, build_tiny_tokenizer
 
     model_dir = tempfile.mkdtemp(prefix="grpo_bench_")
     tok = build_tiny_tokenizer(model_dir)
-    if a.model == "tiny":
+    if kind == "tiny":
         model = build_tiny_model(model_dir, tok, hidden=64, layers=2)
         name = "tiny Llama (hidden 64, 2 layers)"
     else:
@@ -145,29 +186,49 @@ def main() -> None:
             vocab_size=151936,
         )  # fmt: skip
         name = "Qwen2-0.5B architecture (random weights)"
-    params = sum(t.numel() for t in model.parameters())
-    vocab = model.config.vocab_size
-    del model
-    print(
-        f"{name}, {params / 1e6:.2f}M parameters, vocab {vocab}; 8 prompts x 8 generations, 32 new "
-        f"tokens, {a.steps} timed steps on {a.device}, {'bf16 autocast' if a.bf16 else 'float32'}"
-    )
-    results = {"grpo": run(sys.executable, OURS, model_dir, a.steps, a.device, a.bf16, None)}
-    if Path(a.trl_python).exists():
-        try:
-            results["trl"] = run(a.trl_python, TRL, model_dir, a.steps, a.device, a.bf16, None)
-        except RuntimeError as e:
-            print(f"TRL run failed: {e}")
-    else:
-        print(f"TRL not found at {a.trl_python}; only grpo is measured")
-    print(f"{'trainer':<8}{'s/step':>10}{'tokens/s':>12}{'peak MiB':>12}")
-    for name, r in results.items():
-        print(f"{name:<8}{r['s_per_step']:>10.3f}{r['tokens_per_s']:>12.0f}{r['peak'] / 2**20:>12.0f}")
-    if "trl" in results:
-        g, t = results["grpo"], results["trl"]
-        print(f"throughput grpo/TRL (tokens/s): {g['tokens_per_s'] / t['tokens_per_s']:.2f}x  (goal >= 2)")
-        print(f"step-time ratio TRL/grpo: {t['s_per_step'] / g['s_per_step']:.2f}x")
-        print(f"peak memory ratio grpo/TRL: {g['peak'] / t['peak']:.2f}  (goal <= 1)")
+    return model_dir, name, sum(t.numel() for t in model.parameters()), int(model.config.vocab_size)
+
+
+def _measure(side: str, a: argparse.Namespace, model_dir: str) -> dict[str, float] | None:
+    if side == "trl":
+        if not Path(a.trl_python).exists():
+            print(f"TRL not found at {a.trl_python}; only grpo is measured")
+            return None
+        return run(a.trl_python, TRL, model_dir, a.steps, a.device, a.bf16)
+    engine, k = side.split(":")
+    return run(sys.executable, OURS, model_dir, a.steps, a.device, a.bf16, (engine, k))
+
+
+def _median(rows: list[dict[str, float]], key: str) -> float:
+    return float(statistics.median(r[key] for r in rows))
+
+
+def _report(results: dict[str, list[dict[str, float]]]) -> None:
+    print(f"{'side':<10}{'s/step (median, min-max)':>28}{'peak MiB':>10}{'worker MiB':>12}{'sync ms':>9}")
+    for side, rows in results.items():
+        if not rows:
+            continue
+        t = [r["s_per_step"] for r in rows]
+        worker = _median(rows, "worker_peak") / 2**20 if "worker_peak" in rows[0] else 0.0
+        sync_ms = 1e3 * _median(rows, "sync_s") if "sync_s" in rows[0] else 0.0
+        print(
+            f"{side:<10}{_median(rows, 's_per_step'):>12.3f} ({min(t):.3f}-{max(t):.3f})    "
+            f"{_median(rows, 'peak') / 2**20:>10.0f}{worker:>12.0f}{sync_ms:>9.1f}"
+        )
+    trl = results.get("trl")
+    if not trl:
+        return
+    for side, rows in results.items():
+        if side == "trl" or not rows:
+            continue
+        ratios = [
+            t["s_per_step"] / g["s_per_step"] for g, t in zip(rows, trl, strict=False)
+        ]  # same round, side by side
+        print(
+            f"steps/s {side} / TRL: median {statistics.median(ratios):.2f}x "
+            f"(rounds {', '.join(f'{x:.2f}' for x in ratios)}; goal >= 2); peak memory "
+            f"{_median(rows, 'peak') / _median(trl, 'peak'):.2f}x TRL's (goal <= 1 in process)"
+        )
 
 
 if __name__ == "__main__":
