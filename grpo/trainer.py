@@ -125,7 +125,6 @@ class GRPOTrainer(TrainerStateMixin):
         self.generator = torch.Generator().manual_seed(0 if config.seed is None else config.seed)
         self.policy: PolicyModel = _moved(policy, self.device)
         self.reward_model: RewardModel = _moved(reward, self.device)
-
         reference_policy = offered_reference(config, self.policy, reference_policy)  # LoRA: no copy
         copy_reference = config.kl_coeff > 0 and reference_policy is None
         setup = make_backend(  # owns the optimizer step (and shards the policy when it partitions weights)
@@ -158,12 +157,11 @@ class GRPOTrainer(TrainerStateMixin):
             engine=make_engine(config, self.policy, engine),  # record_old_log_probs: True (the default)
         )  # fmt: skip
         self.objective = GRPOObjective.from_config(config, loss_fn=loss_fn, kl_fn=kl_fn)
-        self._check_sampler_correction()
         self.guard: UpdateGuard = UpdateGuard(config.non_finite)
         self._update = self._update_parts()
         self.step_count = 0
-        self._closed = False
-        self._warned_nothing_to_train = self._warned_batch_size = False
+        self._closed = self._warned_nothing_to_train = self._warned_batch_size = False
+        self._start_engine()  # the sampler's log-probs are reported; an own-weights engine synced
         self.stall_watch = StallWatch.from_config(config, self.optimizer, self.scheduler)  # stall_watch.py
         self._check_schedule_length()
         self._checkpoint_components: dict[str, Any] = {}
@@ -232,9 +230,10 @@ class GRPOTrainer(TrainerStateMixin):
 
         return LigerGRPOLoss(self.config, compiled=self.device.type == "cuda")
 
-    def _check_sampler_correction(self) -> None:
+    def _start_engine(self) -> None:
         """The sampler's log-probs must come from somewhere: an engine with its own weights
-        reports them; the in-process one asks the policy's ``generate_actions_with_log_probs``."""
+        reports them (and gets the initial weights now, version 0); the in-process one asks the
+        policy's ``generate_actions_with_log_probs``."""
         cap = self.config.sampler_is_cap
         engine = self.collector.engine
         if engine.owns_weights and self.distributed is not None:
@@ -245,6 +244,7 @@ class GRPOTrainer(TrainerStateMixin):
                 f"generation_engine='hf' and async_staleness=0."
             )
         if engine.owns_weights:
+            self.sync_engine()
             return
         if cap is not None and not has_method(self.policy, "generate_actions_with_log_probs"):
             raise TypeError(

@@ -193,3 +193,45 @@ def test_a_resumed_async_run_neither_skips_nor_repeats_a_batch(k: int, tmp_path:
     )
     assert seen_a.batches == [0, 1, 2, 3, 4]
     assert seen_b.batches == [4, 5, 6, 7, 8]  # step 4 is redone after the checkpoint of step 4
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_points_neither_skips_nor_repeats_a_batch(tmp_path: Any) -> None:
+    """A real async run (a generation worker one step ahead, a checkpoint every step) killed with
+    SIGKILL at random moments and resumed each time: the steps recorded in the run's file (which
+    a resume truncates to its checkpoint) trained on the data positions 0, 1, 2, ... in order,
+    each once, as an uninterrupted `PromptBatches` deals them."""
+    import json
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from grpo.llm import PromptBatches
+    from grpo.llm.tiny import build_tiny_model, build_tiny_tokenizer
+    from tests.data.async_kill_run import RECORDS
+
+    model_dir = tmp_path / "model"
+    build_tiny_model(str(model_dir), build_tiny_tokenizer(str(model_dir)), hidden=16, layers=1)
+    out, steps, rng = tmp_path / "run", 12, random.Random(0)
+    cmd = [sys.executable, "tests/data/async_kill_run.py", str(model_dir), str(out), str(steps), "1"]
+    kills = 0
+    for attempt in range(12):
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if attempt < 8:  # kill at a random moment after the worker has started and steps run
+            time.sleep(rng.uniform(4.0, 9.0))
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                kills += 1
+        _, err = proc.communicate(timeout=300)
+        if proc.returncode == 0:
+            break
+        assert proc.returncode == -signal.SIGKILL, err[-3000:]
+    assert proc.returncode == 0, err[-2000:]
+    assert kills >= 2
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    dealt = PromptBatches(RECORDS, 2, shuffle=True, seed=0, epochs=None)
+    expected = [[float(s["id"]) for s in next(dealt)] for _ in range(steps)]
+    assert [[r["data/id0"], r["data/id1"]] for r in records] == expected

@@ -142,16 +142,9 @@ def train(
         trainer.config, state, num_steps, eval_states, eval_every, options, callbacks, sinks, checkpoint_dir
     )  # fmt: skip
     _resume_and_plan(run, states_source, resume_from)
-    batches = _open_source(run, states_source, resume_from)
-    if trainer.config.async_staleness > 0:  # generation k steps ahead (grpo.training.prefetch)
-        own = states_source if _registered(trainer, states_source) else None
-        run.prefetched = PrefetchedBatches(trainer, batches, trainer.config.async_staleness, num_steps, own)
-        batches = run.prefetched
+    batches = _prefetched(run, _open_source(run, states_source, resume_from), states_source)
     _call(callbacks, "on_train_start", state)
-    try:
-        _run_reported(run, batches, progress, log_every)
-    finally:
-        _drop_prefetched(run)
+    _run_reported(run, batches, progress, log_every)
     _finish(run)
     return state
 
@@ -349,6 +342,17 @@ def _open_source(run: _Run, states_source: Any, resume_from: str | os.PathLike[s
     )
 
 
+def _prefetched(run: _Run, batches: Iterator[Any], states_source: Any) -> Iterator[Any]:
+    """With ``async_staleness = k >= 1``: the batches drawn and their generation submitted k steps
+    ahead (`grpo.training.prefetch`), else ``batches`` as they are."""
+    k = run.config.async_staleness
+    if k == 0:
+        return batches
+    own = states_source if _registered(run.trainer, states_source) else None
+    run.prefetched = PrefetchedBatches(run.trainer, batches, k, run.num_steps, own)
+    return run.prefetched
+
+
 def _registered(trainer: TrainerLike, source: Any) -> bool:
     """Whether ``source`` is one of the trainer's checkpointed components."""
     return any(obj is source for obj in trainer.stateful_components().values())
@@ -387,6 +391,7 @@ def _run_steps(run: _Run, batches: Iterator[Any], report: ProgressReport) -> Non
             state.stop_reason = f"reached num_steps={run.num_steps}"
     finally:
         report.close()
+        _drop_prefetched(run)  # async rollouts: the batches drawn ahead go back to the source
 
 
 def _step(run: _Run, batches: Iterator[Any]) -> dict[str, float] | None:

@@ -1,0 +1,307 @@
+"""The generation worker (grpo.generation.worker): a policy copy in its own process that samples
+exactly as the trainer's policy would with the same weights and seed, follows the trainer's weights
+through shared memory in submission order (full model and LoRA adapter), runs under GRPOTrainer
+synchronously and with async rollouts, and fails loudly (worker errors, a killed worker) without
+leaving a process behind. Real tiny models (grpo.llm.tiny) and real spawned processes."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+import math
+import multiprocessing
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+from grpo.generation import GenerationEngine, PrefetchingEngine
+from grpo.generation.worker import (
+    CARRIED_SETTINGS,
+    NOT_CARRIED_SETTINGS,
+    GenerationWorkerError,
+    WorkerEngine,
+    job_seed,
+)
+from grpo.llm import CausalLMPolicy, Completion, RewardFunctions
+from tests.llm_helpers import build_model, build_tokenizer
+
+STATES = ["1+2=", "what is 12+30?", "a"]
+G = 3
+# non-default sampling settings: the worker must carry them to produce the same tokens
+SETTINGS: dict[str, Any] = {
+    "max_new_tokens": 6, "temperature": 0.8, "top_k": 20, "min_new_tokens": 1, "logprob_chunk_size": 16,
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("worker")
+    tok = build_tokenizer(d / "tok")
+    build_model(d / "llama", tok, arch="llama", seed=3)
+    return d / "llama"
+
+
+def _policy(directory: Path, model: Any = None) -> CausalLMPolicy:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
+    return CausalLMPolicy(model, AutoTokenizer.from_pretrained(str(directory)), **SETTINGS).eval()
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir: Path) -> Any:
+    """One worker for the tests below (each syncs the weights it compares against first)."""
+    eng = WorkerEngine.for_policy(_policy(tiny_dir), seed=7)
+    yield eng
+    eng.close()
+
+
+def _flat(actions: list[list[Completion]]) -> list[Completion]:
+    return [c for group in actions for c in group]
+
+
+def _logp(policy: Any, actions: list[list[Completion]]) -> torch.Tensor:
+    with torch.no_grad():
+        out = policy.get_log_probabilities(None, _flat(actions))
+    return torch.as_tensor(out.log_probs)
+
+
+def _perturb(params: dict[str, torch.Tensor], seed: int, scale: float = 0.05) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in params.values():
+            p.add_(scale * torch.randn(p.shape, generator=gen))
+
+
+def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+# ---- the same samples and log-probs as the trainer's policy ------------------------------------------
+def test_worker_generates_what_the_policy_generates_with_the_same_seed(engine, tiny_dir) -> None:
+    policy = _policy(tiny_dir)
+    engine.sync(policy, 0)  # the fixture's weights, whatever an earlier test synced
+    handle = engine.submit(STATES, G, with_log_probs=True)
+    got = handle.result()
+    assert handle.seed == job_seed(7, handle.job)
+    torch.manual_seed(handle.seed)
+    expected = policy.generate_actions(STATES, G)
+    assert isinstance(engine, GenerationEngine)
+    assert engine.owns_weights
+    assert got.states is STATES
+    assert got.version == 0
+    for a, b in zip(_flat(got.actions), _flat(expected), strict=True):
+        assert torch.equal(a.token_ids, b.token_ids)
+        assert torch.equal(a.prompt_ids, b.prompt_ids)
+        assert (a.text, a.finished, a.temperature, a.min_new_tokens) == (b.text, b.finished, 0.8, 1)
+    ref = policy.get_log_probabilities(None, _flat(got.actions))
+    assert torch.equal(got.log_probs.mask, ref.mask)
+    torch.testing.assert_close(got.log_probs.log_probs, ref.log_probs, atol=1e-6, rtol=0)
+    assert engine.submit(STATES, G, with_log_probs=False).result().log_probs is None
+
+
+def test_job_seeds_differ_between_jobs_and_seeds() -> None:
+    seeds = {job_seed(s, j) for s in range(20) for j in range(20)}
+    assert len(seeds) == 400
+    assert all(0 <= s < 2**63 for s in seeds)
+    assert job_seed(3, 5) == job_seed(3, 5)
+
+
+def test_for_policy_carries_every_setting_of_the_policy() -> None:
+    keywords = set(inspect.signature(CausalLMPolicy.__init__).parameters) - {"self", "model", "tokenizer"}
+    assert set(CARRIED_SETTINGS) | set(NOT_CARRIED_SETTINGS) == keywords
+    assert not set(CARRIED_SETTINGS) & set(NOT_CARRIED_SETTINGS)
+    with pytest.raises(TypeError, match=r"for_policy copies a grpo.llm.CausalLMPolicy.*make_policy"):
+        WorkerEngine.for_policy(categorical_mlp(4, 3))
+    with pytest.raises(TypeError, match=r"must be\s+picklable"):
+        WorkerEngine(lambda: categorical_mlp(4, 3))
+
+
+# ---- weight sync ----------------------------------------------------------------------------------
+def test_sync_orders_generations_and_weights(engine, tiny_dir) -> None:
+    """Jobs submitted before sync(v) sample with the old weights, after it with the new ones; the
+    next sync's buffer write waits for the worker's ack (no torn weights)."""
+    policy = _policy(tiny_dir)
+    params = policy.get_parameters()
+    engine.sync(policy, 10)
+    assert engine.version == 10
+    assert engine.last_sync_bytes == _nbytes(params)
+    snapshots = [copy.deepcopy(policy)]
+    handles = [engine.submit(STATES, G, with_log_probs=True)]
+    for v in (11, 12):  # change the weights and sync while the previous job may still run
+        _perturb(params, seed=v)
+        engine.sync(policy, v)
+        snapshots.append(copy.deepcopy(policy))
+        handles.append(engine.submit(STATES, G, with_log_probs=True))
+    results = [h.result() for h in reversed(handles)][::-1]  # the last first: replies are buffered
+    for gen, snap, v in zip(results, snapshots, (10, 11, 12), strict=True):
+        assert gen.version == v
+        torch.testing.assert_close(gen.log_probs.log_probs, _logp(snap, gen.actions), atol=1e-6, rtol=0)
+    old_of_new = _logp(snapshots[0], results[2].actions)
+    assert (old_of_new - results[2].log_probs.log_probs).abs().max() > 1e-3  # the weights did move
+    assert engine.wait_synced() >= 0.0
+    assert engine.last_sync_seconds >= 0.0
+
+
+@pytest.mark.slow  # peft's import in the worker: ~9 s on 2 busy cores
+def test_lora_sync_moves_only_the_adapter(tiny_dir) -> None:
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_dir), dtype=torch.float32)
+    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    policy = _policy(tiny_dir, peft.get_peft_model(base, cfg))
+    adapter = policy.get_parameters()
+    assert adapter
+    assert all("lora_" in n for n in adapter)
+    _perturb({n: p for n, p in adapter.items() if "lora_B" in n}, seed=1, scale=0.3)  # B != 0
+    engine = WorkerEngine.for_policy(policy, seed=3)
+    try:
+        engine.sync(policy, 1)
+        assert engine.last_sync_bytes == _nbytes(adapter) < _nbytes(dict(base.named_parameters())) // 10
+        assert engine.shared_weights is not None
+        assert set(engine.shared_weights.buffers) == set(adapter)
+        first = engine.submit(STATES, G, with_log_probs=True).result()
+        torch.testing.assert_close(first.log_probs.log_probs, _logp(policy, first.actions), atol=1e-6, rtol=0)
+        without = _logp(policy.reference_policy(), first.actions)  # the adapter disabled
+        assert (without - first.log_probs.log_probs).abs().max() > 1e-3  # the adapter is in use
+        _perturb(adapter, seed=2, scale=0.3)
+        engine.sync(policy, 2)
+        second = engine.submit(STATES, G, with_log_probs=True).result()
+        assert second.version == 2
+        torch.testing.assert_close(
+            second.log_probs.log_probs, _logp(policy, second.actions), atol=1e-6, rtol=0
+        )
+    finally:
+        engine.close()
+
+
+# ---- under the trainer -------------------------------------------------------------------------------
+def _reward() -> RewardFunctions:
+    return RewardFunctions(lambda p, c: [float(len(x)) for x in c])
+
+
+def test_trainer_with_a_worker_engine_steps_on_the_current_weights(tiny_dir) -> None:
+    """generation_engine="worker", k = 0: each step samples with the trainer's current weights."""
+    cfg = GRPOConfig(device="cpu", group_size=2, batch_size=2, generation_engine="worker", seed=0)
+    trainer = GRPOTrainer(cfg, _policy(tiny_dir), _reward())
+    engine = trainer.collector.engine
+    try:
+        assert isinstance(engine, WorkerEngine)
+        for step in range(2):
+            metrics = trainer.step(["1+2=", "ab"])
+            assert torch.equal(trainer.last_batch.policy_versions, torch.full((4,), step))
+            assert math.isfinite(metrics["loss/policy"])
+        assert engine.version == 2
+        assert engine.last_sync_bytes == _nbytes(trainer.policy.get_parameters())
+    finally:
+        trainer.close()
+    assert not engine.is_alive()
+
+
+def test_async_rollouts_with_a_worker_are_one_update_stale(engine, tiny_dir) -> None:
+    """k = 1, the next batch prefetched before each update: the second step's batch comes from
+    the weights one update back. (The module's worker, passed as the trainer's engine: a user's
+    engine must start with the policy's weights, hence the sync at version 0.)"""
+    policy = _policy(tiny_dir)
+    engine.sync(policy, 0)
+    cfg = GRPOConfig(device="cpu", group_size=2, batch_size=2, async_staleness=1, seed=0)
+    trainer = GRPOTrainer(cfg, policy, _reward(), engine=engine)
+    prefetching = trainer.collector.engine
+    assert isinstance(prefetching, PrefetchingEngine)
+    assert prefetching.inner is engine
+    batches = [["1+2=", "ab"], ["c", "d"], ["e", "f"]]
+    trainer.prefetch(batches[0])
+    trainer.prefetch(batches[1])  # submitted before the first update: version 0
+    versions = []
+    for s in range(3):
+        metrics = trainer.step(batches[s])
+        versions.append(trainer.last_batch.policy_versions.tolist())
+        assert math.isfinite(metrics["loss/policy"])
+        if s == 0:
+            trainer.prefetch(batches[2])  # after sync(1): version 1
+    assert versions == [[0] * 4, [0] * 4, [1] * 4]  # staleness 0, 1, 1
+    assert trainer.step_count == 3
+    assert engine.version == 3
+    assert trainer.discard_prefetched() == 0  # not trainer.close(): the module's worker stays
+
+
+# ---- failures -------------------------------------------------------------------------------------
+def test_an_error_in_the_worker_is_raised_with_its_traceback(engine, tiny_dir) -> None:
+    bad = engine.submit(["ok", 123], G, with_log_probs=True)
+    with pytest.raises(
+        GenerationWorkerError, match=r"failed generation job #\d+: TypeError: a prompt must be"
+    ) as e:
+        bad.result()
+    assert e.value.remote_type == "TypeError"
+    assert "prompt_text" in e.value.remote_traceback
+    assert "traceback in the worker" in str(e.value)
+    assert engine.submit(STATES, 1, with_log_probs=False).result().actions  # still serving
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _check_gone(engines: tuple[WorkerEngine, ...]) -> None:
+    for eng in engines:
+        eng.close()  # idempotent
+        assert not eng.is_alive()
+        assert _gone(eng.pid)
+        assert eng.process not in multiprocessing.active_children()
+
+
+def test_a_killed_worker_and_close_leave_no_process() -> None:
+    """Two toy workers at once: one killed while busy, one whose make_policy raises."""
+    states = torch.randn(2, 4)
+    killed = WorkerEngine(functools.partial(categorical_mlp, 4, 3), seed=0)
+    broken = WorkerEngine(functools.partial(categorical_mlp, 4, -1))  # make_policy raises
+    try:
+        policy = categorical_mlp(4, 3)
+        killed.sync(policy, 0)
+        gen = killed.submit(states, 5, with_log_probs=True).result()
+        assert gen.actions.shape == (2, 5)
+        assert gen.log_probs is not None
+        expected = policy.get_log_probabilities(states.repeat_interleave(5, 0), gen.actions.flatten())
+        torch.testing.assert_close(gen.log_probs.log_probs, expected, atol=1e-6, rtol=0)
+        pending = [killed.submit(torch.randn(64, 4), 1000, with_log_probs=True) for _ in range(20)]
+        os.kill(killed.pid, signal.SIGKILL)
+        with pytest.raises(GenerationWorkerError, match=r"died \(killed by SIGKILL\) before replying"):
+            pending[-1].result()
+        with pytest.raises(GenerationWorkerError, match=r"died"):
+            killed.sync(policy, 1)
+        with pytest.raises(GenerationWorkerError, match=r"failed starting \(make_policy\(\)\).*negative"):
+            broken.wait_ready()
+    finally:
+        killed.close()
+        broken.close()
+    _check_gone((killed, broken))
+
+
+@pytest.mark.slow  # one more worker start (~2-3 s)
+def test_close_stops_a_busy_worker_and_refuses_more_work() -> None:
+    busy = WorkerEngine(functools.partial(categorical_mlp, 4, 3), close_timeout=0.5)
+    try:
+        pending = [busy.submit(torch.randn(64, 4), 1000, with_log_probs=True) for _ in range(20)]
+        busy.wait_ready()
+    finally:
+        busy.close()  # does not run the 20 queued jobs
+    with pytest.raises(GenerationWorkerError, match=r"was closed"):
+        pending[0].result()
+    with pytest.raises(GenerationWorkerError, match=r"was closed"):
+        busy.submit(torch.randn(2, 4), 1, with_log_probs=False)
+    _check_gone((busy,))
