@@ -1,0 +1,215 @@
+"""Population benchmark: a population of 4 against the median of 4 independent runs started from
+the same random hyperparameters, in samples (or env steps) until a target.
+
+For each repeat r (seeded), 4 starting points are drawn log-uniformly from the declared ranges
+(`grpo.population.sample_hyperparameters(hp_config, 4, seed=1000 + r)`: learning rate in
+[1e-5, 1e-1], clip epsilon in [0.05, 0.4]). Each point trains alone (no mutation) until its fitness
+reaches the target or its budget runs out; the fitness is checked every generation's worth of
+steps, as the population checks it. The population of the same 4 points evolves (tournament of
+2, elitism, one mutation per copy: x0.5 / x2 within the ranges) until its best member reaches the
+target; its cost is the samples of all 4 members together.
+
+Tasks:
+
+- contextual: the contextual bandit of examples/population.py (16-dim contexts, 10 arms,
+  ``categorical_mlp(16, 10, (64,))``, B = 32, G = 8, 2 epochs); fitness = expected reward over
+  the oracle's (0 = uniform arms, 1 = the oracle), exact over 2,000 fixed contexts; target 0.95;
+  cost = sampled actions (B x G per step); budget 400 steps per run (102,400 samples), the
+  population 4 x that.
+- cartpole: CartPole-v1 episodes (`grpo.gym.EpisodePolicy`), ``categorical_mlp(4, 2, (64, 64))``,
+  B = 4, G = 4, the ``small_policy`` preset's 10 epochs x 4 mini-batches with its adaptive
+  learning rate and restart switched off (the population searches the rate); fitness = mean
+  return of 5 greedy episodes on seeds 1_000_000.. (not counted); target 475; cost = training env
+  steps; budget 150k env steps per run, the population 4 x that.
+
+A run that never reaches the target counts as never (inf). Output: one table per task and a
+summary line per task (median over repeats of the ratio population / median independent).
+
+    python benchmarks/population.py                          # both tasks, 3 repeats
+    python benchmarks/population.py --tasks contextual --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+from grpo.population import HyperparameterConfig, Member, RLParameter, population, sample_hyperparameters
+from grpo.training.stall_watch import StallWarning
+
+HP_CONFIG = HyperparameterConfig(
+    learning_rate=RLParameter(min=1e-5, max=1e-1, shrink_factor=0.5, grow_factor=2.0),
+    clip_epsilon=RLParameter(min=0.05, max=0.4),
+)
+SIZE = 4
+
+
+@dataclass
+class Task:
+    """What the benchmark needs of a task."""
+
+    name: str
+    make: Callable[[dict[str, float], int], GRPOTrainer]  # (hp, seed) -> trainer
+    states: Callable[[int], Any]  # batch_size -> states (drawn on the member's RNG streams)
+    fitness: Callable[[GRPOTrainer], float]
+    cost: Callable[[GRPOTrainer], int]  # samples / env steps used so far by this trainer
+    target: float
+    steps_per_generation: int
+    budget: int  # cost units per independent run
+
+
+# ---- contextual bandit -----------------------------------------------------------------------
+def contextual_task(seed: int) -> Task:
+    g = torch.Generator().manual_seed(seed)
+    w, eval_x = torch.randn(16, 10, generator=g), torch.randn(2000, 16, generator=g)
+    r = eval_x @ w
+    uniform, oracle = r.mean(1).mean(), r.max(1).values.mean()
+
+    def reward(states: Tensor, actions: Tensor) -> Tensor:
+        return (states @ w).gather(1, actions.long().unsqueeze(1)).squeeze(1)
+
+    def make(hp: dict[str, float], s: int) -> GRPOTrainer:
+        cfg = GRPOConfig(
+            group_size=8, batch_size=32, learning_rate=hp["learning_rate"], clip_epsilon=hp["clip_epsilon"],
+            num_epochs_per_update=2, seed=s, distributed="off",
+        )  # fmt: skip
+        return GRPOTrainer(cfg, categorical_mlp(16, 10, (64,)), reward)
+
+    def fitness(t: GRPOTrainer) -> float:
+        with torch.no_grad():
+            probs = t.policy.distribution(eval_x).probs  # type: ignore[attr-defined]
+        return float(((probs * r).sum(1).mean() - uniform) / (oracle - uniform))
+
+    def cost(t: GRPOTrainer) -> int:  # every slot has taken the same steps (a clone takes its parent's count)
+        return int(t.step_count * 32 * 8)
+
+    return Task("contextual", make, lambda b: torch.randn(b, 16), fitness, cost, 0.95, 5, 400 * 32 * 8)
+
+
+# ---- CartPole ----------------------------------------------------------------------------------
+def cartpole_task(seed: int) -> Task:
+    from grpo.gym.episodes import EpisodePolicy, EpisodeRewards, evaluate_episodes
+
+    eval_seeds = list(range(1_000_000, 1_000_005))
+
+    def make(hp: dict[str, float], s: int) -> GRPOTrainer:
+        policy = EpisodePolicy("CartPole-v1", categorical_mlp(4, 2, (64, 64)))
+        cfg = GRPOConfig.recipe(
+            "small_policy", group_size=4, batch_size=4, learning_rate=hp["learning_rate"],
+            clip_epsilon=hp["clip_epsilon"], adaptive_lr_kl=None, reward_shift_z=None, seed=s,
+            distributed="off",
+        )  # fmt: skip
+        return GRPOTrainer(cfg, policy, EpisodeRewards())
+
+    def states(b: int) -> list[int]:
+        return [int(x) for x in np.random.randint(0, 2**20, size=b)]  # the member's NumPy stream
+
+    def fitness(t: GRPOTrainer) -> float:
+        return float(evaluate_episodes(t.policy, "CartPole-v1", eval_seeds).mean())  # type: ignore[arg-type]
+
+    def cost(t: GRPOTrainer) -> int:
+        return int(t.policy.env_steps)  # type: ignore[attr-defined]
+
+    return Task("cartpole", make, states, fitness, cost, 475.0, 5, 150_000)
+
+
+TASKS = {"contextual": contextual_task, "cartpole": cartpole_task}
+
+
+# ---- the two sides ---------------------------------------------------------------------------
+def independent(task: Task, hp: dict[str, float], seed: int) -> float:
+    """Cost until the fitness (checked every ``steps_per_generation`` steps) reaches the target."""
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    t = task.make(hp, seed)
+    while task.cost(t) < task.budget:
+        for _ in range(task.steps_per_generation):
+            t.step(task.states(t.config.batch_size))
+        if task.fitness(t) >= task.target:
+            return float(task.cost(t))
+    return math.inf
+
+
+def evolved(task: Task, starts: list[dict[str, float]], seed: int) -> tuple[float, float]:
+    """(total cost of all members until the best reaches the target, its final learning rate)."""
+    pop = population(
+        SIZE, lambda hp: task.make(hp, seed), HP_CONFIG, hyperparameters=starts,
+        fitness=lambda m: task.fitness(_trainer(m)), seed=seed,
+    )  # fmt: skip
+    while True:
+        (record,) = pop.evolve(task.steps_per_generation, task.states)
+        total = sum(task.cost(_trainer(m)) for m in pop.members)
+        if record.best_fitness >= task.target:
+            return float(total), pop.members[record.elite or 0].hp["learning_rate"]
+        if total >= SIZE * task.budget:
+            return math.inf, math.nan
+
+
+def _trainer(m: Member) -> GRPOTrainer:
+    assert m.trainer is not None
+    return m.trainer
+
+
+def _k(x: float) -> str:
+    return "never" if math.isinf(x) else f"{x / 1000:.1f}k"
+
+
+def run_task(name: str, repeats: int) -> list[float]:
+    print(f"\n## {name}: cost until the target (k = thousands), population of {SIZE} vs independent runs")
+    print("| repeat | starting learning rates | independent runs | median | population (lr found) | ratio |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    ratios = []
+    for r in range(repeats):
+        task = TASKS[name](r)
+        starts = sample_hyperparameters(HP_CONFIG, SIZE, seed=1000 + r)
+        t0 = time.perf_counter()
+        alone = [independent(task, hp, seed=r) for hp in starts]
+        med = statistics.median(alone)
+        pop_cost, lr = evolved(task, starts, seed=r)
+        ratio = pop_cost / med if math.isfinite(med) else (0.0 if math.isfinite(pop_cost) else math.nan)
+        ratios.append(ratio)  # 0: the population reached the target, the median run never did
+        lrs = ", ".join(f"{h['learning_rate']:.1e}" for h in starts)
+        print(
+            f"| {r} | {lrs} | {', '.join(_k(a) for a in alone)} | {_k(med)} | {_k(pop_cost)} ({lr:.1e}) | "
+            f"{'median never' if ratio == 0 else f'{ratio:.2f}'} | <!-- {time.perf_counter() - t0:.0f} s -->",
+            flush=True,
+        )
+    return ratios
+
+
+def main(argv: list[str] | None = None) -> dict[str, list[float]]:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--repeats", type=int, default=3, help="seeded repeats per task")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    warnings.simplefilter("ignore", StallWarning)  # bad starting rates stall: that is the point
+    torch.set_num_threads(1)
+    out = {name: run_task(name, args.repeats) for name in args.tasks}
+    print()
+    for name, ratios in out.items():
+        wins = sum(1 for x in ratios if x < 1)
+        shown = ", ".join("median never" if x == 0 else f"{x:.2f}" for x in ratios)
+        print(
+            f"{name}: population cheaper than the median independent run in {wins}/{len(ratios)} "
+            f"repeats ({shown})"
+        )
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""One member of a population: its slot ``index``, trainer, hyperparameters, fitness and RNG streams."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from grpo.trainer import GRPOTrainer
+
+__all__ = ["Member", "cloned_tree"]
+
+
+@dataclass
+class Member:
+    """A slot of the population (AgileRL's ``index``: the slot's number, kept across generations).
+
+    Attributes:
+        index: the slot, 0..P-1. A clone takes the slot of the member it replaces.
+        hp: the slot's current hyperparameters, name -> value (those of `HyperparameterConfig`).
+        trainer: the slot's `GRPOTrainer`; None on processes that do not hold the slot (one member
+            per process under torchrun).
+        fitness: the fitness measured at the end of each generation, oldest first.
+        samples: actions sampled by this slot's trainer steps so far (states x G per step).
+        rng: the slot's own process-global RNG streams (``grpo.state.checkpoint.capture_rng``):
+            put in place while the slot trains, so each slot draws the same numbers however many
+            slots a process holds.
+    """
+
+    index: int
+    hp: dict[str, float]
+    trainer: GRPOTrainer | None = None
+    fitness: list[float] = field(default_factory=list)
+    samples: int = 0
+    rng: tuple[Any, ...] | None = None
+
+    def require_trainer(self) -> GRPOTrainer:
+        """The trainer, or a `RuntimeError` on a process that does not hold this slot."""
+        if self.trainer is None:
+            raise RuntimeError(
+                f"member {self.index} is trained by another process (one member per process under "
+                f"torchrun); read it on its own rank, or use Population.local_members."
+            )
+        return self.trainer
+
+
+def cloned_tree(obj: Any) -> Any:
+    """``obj`` (a state dict: dicts, lists, tuples, tensors, plain values) with every tensor
+    copied (``detach().clone()``) and every container rebuilt, so that later changes to the live
+    trainer never reach it."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: cloned_tree(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [cloned_tree(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(cloned_tree(v) for v in obj)
+    return obj

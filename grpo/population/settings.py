@@ -1,0 +1,149 @@
+"""Reading and setting a live trainer's hyperparameters so that the next step uses them.
+
+`GRPOTrainer` builds its parts once from its `GRPOConfig`; a value changed in the config alone
+would not reach them. `apply_hyperparameters` changes every place a value is read from:
+
+* ``learning_rate``: every optimizer param group's ``lr`` (and ``initial_lr``) and the LR
+  scheduler's ``base_lrs``, all scaled by ``new / old`` base rate, so a warmup or decay schedule
+  keeps its position and multiplier ``m(s)``: the next optimizer step uses ``new * m(s)``;
+* ``clip_epsilon``: ``trainer.objective.eps_low`` (and ``eps_high`` when ``clip_epsilon_high``
+  is None);
+* ``kl_coeff``: ``trainer.objective.kl_coeff`` (0 in the loss with ``kl_penalty='reward'``,
+  where the step reads ``trainer.config.kl_coeff``);
+* ``entropy_coeff``: ``trainer.objective.entropy_coeff``;
+* ``group_size``: ``trainer.collector.group_size`` (and the evaluation's default G);
+* ``temperature``: ``trainer.policy.temperature`` (a policy such as `grpo.llm.CausalLMPolicy`);
+
+and ``trainer.config`` is replaced by ``dataclasses.replace(config, ...)`` (validated again), so
+checkpoints, `GRPOTrainer.evaluate` and the stall watch see the new values. The objective's
+constant cache is keyed by its coefficients (`grpo.algorithms.objective_statistics.ConstantCache`),
+so the changed coefficients take effect in the next loss. The optimizer's moment estimates
+(Adam's ``exp_avg``, ``exp_avg_sq``, ``step``) are kept: only the step size changes.
+
+Values that would switch a part of the trainer on or off are refused (``kl_coeff`` or
+``entropy_coeff`` crossing 0: a reference policy and the entropy's gradient are decided at
+construction), as are changes the fused Liger loss would not see (``use_liger_loss``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from grpo.trainer import GRPOTrainer
+
+__all__ = ["apply_hyperparameters", "read_hyperparameters", "set_learning_rate"]
+
+_CONFIG_FIELDS = ("learning_rate", "clip_epsilon", "kl_coeff", "entropy_coeff", "group_size")
+
+
+def read_hyperparameters(trainer: GRPOTrainer, names: Iterable[str]) -> dict[str, float]:
+    """The current values of ``names`` in ``trainer`` (the config's; ``temperature`` the policy's)."""
+    out: dict[str, float] = {}
+    for name in names:
+        if name == "temperature":
+            out[name] = float(_temperature_holder(trainer).temperature)
+        elif name == "group_size":
+            out[name] = int(trainer.config.group_size)
+        else:
+            out[name] = float(getattr(trainer.config, name))
+    return out
+
+
+def apply_hyperparameters(trainer: GRPOTrainer, hp: Mapping[str, float]) -> None:
+    """Set ``hp`` (name -> value, names of `grpo.population.MUTABLE`) in ``trainer`` so that its
+    next step uses them (the module docstring lists where each goes). Every value is checked
+    before anything changes."""
+    cfg = trainer.config
+    changes = {k: v for k, v in hp.items() if k in _CONFIG_FIELDS}
+    unknown = sorted(set(hp) - set(_CONFIG_FIELDS) - {"temperature"})
+    if unknown:
+        raise ValueError(
+            f"apply_hyperparameters: {unknown} cannot be set; known: {[*_CONFIG_FIELDS, 'temperature']}."
+        )
+    _check_switches(cfg, changes)
+    if trainer.fused_loss is not None and {"clip_epsilon", "kl_coeff"} & set(changes):
+        raise NotImplementedError(
+            "use_liger_loss=True builds Liger's loss with clip_epsilon and kl_coeff once; mutate other "
+            "hyperparameters, or train with use_liger_loss=False."
+        )
+    new_cfg = dataclasses.replace(cfg, **changes)  # __post_init__ validates (ValueError naming the field)
+    holder = _temperature_holder(trainer) if "temperature" in hp else None
+    if holder is not None and not (math.isfinite(hp["temperature"]) and hp["temperature"] > 0):
+        raise ValueError(f"temperature={hp['temperature']} must be a finite number > 0.")
+    if "learning_rate" in changes:
+        set_learning_rate(trainer, float(changes["learning_rate"]))
+    trainer.config = new_cfg
+    obj = trainer.objective
+    obj.eps_low = new_cfg.clip_epsilon
+    obj.eps_high = new_cfg.resolved_clip_epsilon_high
+    obj.kl_coeff = 0.0 if new_cfg.kl_penalty == "reward" else new_cfg.kl_coeff
+    obj.entropy_coeff = new_cfg.entropy_coeff
+    trainer.stall_watch.kl_coeff = new_cfg.kl_coeff
+    trainer.stall_watch.entropy_coeff = new_cfg.entropy_coeff
+    trainer.collector.group_size = new_cfg.group_size
+    if holder is not None:
+        holder.temperature = float(hp["temperature"])
+
+
+def _check_switches(cfg: Any, changes: Mapping[str, float]) -> None:
+    """Refuse ``kl_coeff`` / ``entropy_coeff`` crossing 0 (parts of the trainer are built for one side)."""
+    for name, why in (
+        ("kl_coeff", "the reference policy exists only when kl_coeff > 0 at construction"),
+        ("entropy_coeff", "the entropy's gradient is requested only when entropy_coeff != 0 at construction"),
+    ):
+        if name in changes and (getattr(cfg, name) == 0) != (changes[name] == 0):
+            raise ValueError(
+                f"{name} {getattr(cfg, name)} -> {changes[name]} crosses 0, but {why}; build the "
+                f"members with {name} > 0 and declare RLParameter(min > 0)."
+            )
+
+
+def _temperature_holder(trainer: GRPOTrainer) -> Any:
+    policy = trainer.policy
+    if not isinstance(getattr(policy, "temperature", None), (int, float)):
+        raise TypeError(
+            f"temperature is mutated on the policy, but {type(policy).__name__} has no numeric "
+            f"'temperature' attribute (grpo.llm.CausalLMPolicy has one); drop temperature from the "
+            f"HyperparameterConfig."
+        )
+    return policy
+
+
+def set_learning_rate(trainer: GRPOTrainer, lr: float) -> None:
+    """Make ``lr`` the base learning rate of ``trainer``'s optimizer (and schedule).
+
+    With ``b`` the current base rate (the scheduler's ``base_lrs[0]``, or the first group's
+    ``lr`` without a scheduler) every group's ``lr`` and ``initial_lr`` and every ``base_lrs``
+    entry is multiplied by ``lr / b``: groups keep their ratios, a schedule keeps its position,
+    and the next optimizer step uses ``lr * m(s)`` (`grpo.engine.lr_schedules`)."""
+    if not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"learning_rate={lr} must be a finite number > 0.")
+    opt, sched = trainer.optimizer, trainer.scheduler
+    if opt is None:
+        raise ValueError(
+            "set_learning_rate: this trainer has no optimizer (the policy has nothing to train); "
+            "drop learning_rate from the HyperparameterConfig."
+        )
+    base_lrs = getattr(sched, "base_lrs", None)
+    base = float(base_lrs[0]) if base_lrs else float(opt.param_groups[0]["lr"])
+    if not base > 0:
+        raise ValueError(
+            f"set_learning_rate: the current base learning rate is {base}; it must be > 0 to rescale."
+        )
+    factor = lr / base
+    for group in opt.param_groups:
+        group["lr"] = group["lr"] * factor
+        if "initial_lr" in group:
+            group["initial_lr"] = group["initial_lr"] * factor
+    if base_lrs:
+        sched.base_lrs = [lr, *(b * factor for b in base_lrs[1:])]  # the first exactly lr
+    if isinstance(sched, torch.optim.lr_scheduler.LambdaLR):  # what its next step() sets, exactly
+        for group, b, fn in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True):
+            group["lr"] = b * fn(sched.last_epoch)
+    elif not base_lrs and len(opt.param_groups) == 1:
+        opt.param_groups[0]["lr"] = lr
