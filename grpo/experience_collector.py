@@ -430,7 +430,9 @@ class ExperienceCollector:
         """The engine's B groups of G actions (`grpo.generation.engine`; the trainer's own policy
         in eval mode by default), the sampler's log-probs of them when it reports them and they
         are wanted, and the policy version that sampled them."""
-        want = record or self.record_sampler_log_probs
+        # an engine with its own weights reports the sampler's log-probs for the correction only:
+        # the behaviour log-probs are always the trainer's own numbers
+        want = self.record_sampler_log_probs or (record and not self.engine.owns_weights)
         try:
             gen = self.engine.submit(states, self.group_size, with_log_probs=want, **generate_kwargs).result()
         except (TypeError, AttributeError) as e:
@@ -438,7 +440,7 @@ class ExperienceCollector:
             if hint is None:
                 raise
             raise TypeError(f"{method_name(self.policy, 'generate_actions')} raised {hint}") from e
-        return gen.actions, gen.log_probs if want or gen.version != self.engine.version else None, gen.version
+        return gen.actions, gen.log_probs if want else None, gen.version
 
     def _score(self, states: Any, flat_states: Any, actions: Any, group_ids: Tensor) -> Scored:
         """The rewards of the N flat samples; with ``invalid_rewards="drop_groups"`` the groups

@@ -121,12 +121,17 @@ def sample_with_log_probs(
     with_log_probs: bool,
 ) -> tuple[Any, Tensor | PolicyOutput | None]:
     """G actions per state from ``policy`` and, when ``with_log_probs``, the sampler's log-probs of
-    the N = B*G flat actions (group-major): ``generate_actions_with_log_probs`` when the policy has
-    it, else ``generate_actions`` then ``get_log_probabilities(flat states, flat actions)`` with the
-    same weights (a `grpo.llm.CausalLMPolicy` scores at each completion's sampling temperature).
+    the N = B*G flat actions (group-major): ``generate_actions_with_sampler_log_probs`` (a
+    `grpo.llm.CausalLMPolicy`: read while sampling) or ``generate_actions_with_log_probs`` when the
+    policy has one, else ``generate_actions`` then ``get_log_probabilities(flat states, flat
+    actions)`` with the same weights (a `grpo.llm.CausalLMPolicy` scores at each completion's
+    sampling temperature).
     Shapes: actions as ``generate_actions`` returns them; log-probs (N,) or (N, T) / `PolicyOutput`.
     """
     g = int(num_actions_per_state)
+    if with_log_probs and has_method(policy, "generate_actions_with_sampler_log_probs"):
+        # a language model: read from the scores generate samples from, no second forward
+        return policy.generate_actions_with_sampler_log_probs(states, g, **options)  # type: ignore[attr-defined,no-any-return]
     if with_log_probs and has_method(policy, "generate_actions_with_log_probs"):
         actions, log_probs = policy.generate_actions_with_log_probs(states, g, **options)  # type: ignore[attr-defined]
         return actions, log_probs

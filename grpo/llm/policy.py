@@ -37,6 +37,7 @@ from grpo.llm._deps import require
 from grpo.llm.data import is_chat, prompt_text
 from grpo.llm.logprobs import checked_compile_option, chunked_token_logprobs
 from grpo.llm.lora import REFERENCE_ADAPTER, SeparateAdapterReference, add_reference_adapter
+from grpo.llm.sampler_logprobs import ChosenTokenLogProbs
 from grpo.policy_base import EntropyRequest, PolicyOutput, entropy_grad_mode
 
 __all__ = [
@@ -378,6 +379,7 @@ class CausalLMPolicy:
         if gradient_checkpointing:
             self.enable_gradient_checkpointing()
         self.last_generation: dict[str, float] = {}
+        self._sampler_log_probs: list[Tensor] | None = None  # set while recording (sampler log-probs)
 
     # ---- PolicyModel -------------------------------------------------------------------------
     def get_parameters(self) -> dict[str, Tensor]:
@@ -626,14 +628,19 @@ class CausalLMPolicy:
         sample are a sample of the shorter length: the cut changes no distribution)."""
         ids, attn = self._left_pad(part)
         width = ids.shape[1]
+        recorder = None if self._sampler_log_probs is None else ChosenTokenLogProbs(opts.temperature)
+        extra = {} if recorder is None else {"logits_processor": recorder.processors(require("transformers"))}
         with torch.no_grad(), self._autocast():
             seqs = self.model.generate(
                 input_ids=ids.to(device),
                 attention_mask=attn.to(device),
                 generation_config=gen_cfg,
                 synced_gpus=synced,
+                **extra,
             )
         comp = seqs[:, width:].cpu()  # (n, T') completion ids, padded after the first EOS
+        if recorder is not None and self._sampler_log_probs is not None:
+            self._sampler_log_probs.append(recorder.finish(seqs[:, width:]))  # (n, T')
         limit = torch.tensor(budgets).clamp(max=comp.shape[1])  # (n,)
         is_eos = torch.isin(comp, eos) & (torch.arange(comp.shape[1]) < limit.unsqueeze(1))
         has_eos = is_eos.any(dim=1)
@@ -645,6 +652,37 @@ class CausalLMPolicy:
             Completion(part[i], toks, text, bool(has_eos[i]), opts.temperature, opts.min_new_tokens)
             for i, (toks, text) in enumerate(zip(token_rows, texts, strict=True))
         ]
+
+    def generate_actions_with_sampler_log_probs(
+        self, states: Sequence[Any], num_actions_per_state: int, **kwargs: Any
+    ) -> tuple[list[list[Completion]], PolicyOutput]:
+        """`generate_actions` and the sampler's log-probs of the N = B*G completions (flat,
+        group-major): `PolicyOutput` (log_probs (N, T) float32, 0 after each completion's end;
+        mask (N, T)), read from the scores ``generate`` samples from
+        (`grpo.llm.sampler_logprobs.ChosenTokenLogProbs`): no second forward. With top-k, top-p
+        or min-p (which ``generate`` applies after any processor of ours) they come from
+        `get_log_probabilities` instead. A generation engine with its own weights reports these
+        for the sampler correction of async rollouts (`grpo.generation.worker`)."""
+        opts = self.sampling_options(kwargs)
+        if opts.top_k > 0 or opts.top_p < 1.0 or opts.min_p > 0.0:
+            groups = self.generate_actions(states, num_actions_per_state, **kwargs)
+            flat_states = [s for s in states for _ in range(num_actions_per_state)]
+            return groups, self.get_log_probabilities(flat_states, [c for g in groups for c in g])
+        self._sampler_log_probs = []
+        try:
+            groups = self.generate_actions(states, num_actions_per_state, **kwargs)
+            chunks = self._sampler_log_probs
+        finally:
+            self._sampler_log_probs = None
+        flat = [c for g in groups for c in g]
+        lengths = torch.tensor([len(c) for c in flat])
+        width = int(lengths.max())
+        rows = [r for chunk in chunks for r in chunk]  # (T'_chunk,) per completion, in order
+        logp = torch.zeros(len(flat), width)
+        for i, (r, n) in enumerate(zip(rows, lengths.tolist(), strict=True)):
+            logp[i, :n] = r[:n]
+        mask = torch.arange(width) < lengths.unsqueeze(1)
+        return groups, PolicyOutput(logp.to(self.device), mask.to(self.device))
 
     # ---- log-probs ---------------------------------------------------------------------------
     def get_log_probabilities(self, states: Any, actions: Sequence[Completion]) -> PolicyOutput:
