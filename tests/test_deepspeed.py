@@ -629,6 +629,7 @@ def test_the_private_extensions_directory_is_used() -> None:
     assert "/.torch_extensions/" in (ROOT / ".gitignore").read_text()
 
 
+@pytest.mark.slow  # ~30 s: waits out a launch timeout (the command-timeout test runs by default)
 def test_a_timed_out_launch_kills_the_workers_and_what_they_started(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

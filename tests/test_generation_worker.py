@@ -209,6 +209,29 @@ def test_trainer_with_a_worker_engine_steps_on_the_current_weights(tiny_dir) -> 
     assert not engine.is_alive()
 
 
+@pytest.mark.slow  # two worker starts
+def test_a_resumed_trainer_seeds_its_next_batch_as_the_first_run_did(tiny_dir, tmp_path) -> None:
+    """A new worker synced to a checkpoint of step 2 gives its first job the seed of job 2."""
+    cfg = GRPOConfig(device="cpu", group_size=2, batch_size=2, generation_engine="worker", seed=7)
+    first = GRPOTrainer(cfg, _policy(tiny_dir), _reward())
+    try:
+        for _ in range(2):
+            first.step(["1+2=", "ab"])
+        first.save_checkpoint(tmp_path)
+    finally:
+        first.close()
+    second = GRPOTrainer(cfg, _policy(tiny_dir), _reward())
+    try:
+        second.load_checkpoint(tmp_path)
+        engine = second.collector.engine
+        assert isinstance(engine, WorkerEngine)
+        handle = engine.submit(["1+2=", "ab"], 2, with_log_probs=False)
+        assert handle.seed == job_seed(7, 2)
+        handle.result()
+    finally:
+        second.close()
+
+
 def test_async_rollouts_with_a_worker_are_one_update_stale(engine, tiny_dir) -> None:
     """k = 1, the next batch prefetched before each update: the second step's batch comes from
     the weights one update back. (The module's worker, passed as the trainer's engine: a user's

@@ -22,7 +22,9 @@ never reads the buffers, so the wait costs nothing when the worker is ahead (asy
 ack of sync ``s`` arrives before the generation the trainer needs next).
 
 Reproducibility: with ``seed``, the worker seeds torch's RNG with ``job_seed(seed, j)`` before the
-``j``-th generation job (0, 1, ...), so a run's samples do not depend on timing.
+``j``-th generation job (0, 1, ...), so a run's samples do not depend on timing. Train() submits
+one job per step, so job j is the batch of step j; a new engine first synced to version v > 0 (a
+resumed trainer) starts at job v, so a resumed run seeds each batch as the uninterrupted run did.
 """
 
 from __future__ import annotations
@@ -610,6 +612,8 @@ class WorkerEngine:
         """Send ``policy.get_parameters()`` (tagged ``version``) to the worker; generations
         submitted from now on sample with them. Waits for the worker's ack of the previous sync
         before writing the shared buffers (the module docstring)."""
+        if self._jobs == 0 and version > 0:  # a new engine for a resumed trainer: its next job is
+            self._jobs = int(version)  # the batch of step `version`, seeded as the first run seeded it
         tensors = trainable_tensors(policy)
         t0 = time.perf_counter()
         if self._last_sync is not None:
