@@ -12,6 +12,7 @@ import inspect
 import math
 import multiprocessing
 import os
+import pickle
 import signal
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ from grpo.generation.worker import (
     GenerationWorkerError,
     WorkerEngine,
     job_seed,
+    pack_actions,
+    unpack_actions,
 )
 from grpo.llm import CausalLMPolicy, Completion, RewardFunctions
 from tests.llm_helpers import build_model, build_tokenizer
@@ -328,3 +331,24 @@ def test_close_stops_a_busy_worker_and_refuses_more_work() -> None:
     with pytest.raises(GenerationWorkerError, match=r"was closed"):
         busy.submit(torch.randn(2, 4), 1, with_log_probs=False)
     _check_gone((busy,))
+
+
+def test_completions_cross_the_pipe_packed_and_come_back_equal(tiny_dir) -> None:
+    """`pack_actions` turns completions into plain lists (cheap to pickle); `unpack_actions`
+    gives back equal completions; other actions pass through unchanged."""
+    policy = _policy(tiny_dir)
+    torch.manual_seed(0)
+    groups = policy.generate_actions(["1+2=", "ab"], 3)
+    packed = pack_actions(groups)
+    assert isinstance(packed, tuple)
+    back = unpack_actions(pickle.loads(pickle.dumps(packed)))
+    for g, h in zip(groups, back, strict=True):
+        for c, d in zip(g, h, strict=True):
+            assert torch.equal(c.prompt_ids, d.prompt_ids)
+            assert torch.equal(c.token_ids, d.token_ids)
+            assert (c.text, c.finished, c.temperature, c.min_new_tokens) == (
+                d.text, d.finished, d.temperature, d.min_new_tokens,
+            )  # fmt: skip
+    actions = torch.zeros(2, 3)
+    assert pack_actions(actions) is actions
+    assert unpack_actions(actions) is actions
