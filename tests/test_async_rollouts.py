@@ -214,13 +214,14 @@ def test_sigkill_at_random_points_neither_skips_nor_repeats_a_batch(tmp_path: An
 
     model_dir = tmp_path / "model"
     build_tiny_model(str(model_dir), build_tiny_tokenizer(str(model_dir)), hidden=16, layers=1)
-    out, steps, rng = tmp_path / "run", 12, random.Random(0)
+    out, steps, rng = tmp_path / "run", 30, random.Random(0)
     cmd = [sys.executable, "tests/data/async_kill_run.py", str(model_dir), str(out), str(steps), "1"]
     kills = 0
-    for attempt in range(12):
+    for attempt in range(8):
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        if attempt < 8:  # kill at a random moment after the worker has started and steps run
-            time.sleep(rng.uniform(4.0, 9.0))
+        if attempt < 3:  # kill at a random moment after this attempt has trained a step
+            _wait_for_a_new_step(out / "metrics.jsonl", proc)
+            time.sleep(rng.uniform(0.0, 0.15))
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)
                 kills += 1
@@ -235,3 +236,16 @@ def test_sigkill_at_random_points_neither_skips_nor_repeats_a_batch(tmp_path: An
     dealt = PromptBatches(RECORDS, 2, shuffle=True, seed=0, epochs=None)
     expected = [[float(s["id"]) for s in next(dealt)] for _ in range(steps)]
     assert [[r["data/id0"], r["data/id1"]] for r in records] == expected
+
+
+def _wait_for_a_new_step(metrics: Any, proc: Any, timeout: float = 120.0) -> None:
+    """Until the run's JSONL file holds one more record than when the attempt started (or the
+    process ended)."""
+    import time
+
+    def count() -> int:
+        return len(metrics.read_text().splitlines()) if metrics.exists() else 0
+
+    start, t0 = count(), time.monotonic()
+    while proc.poll() is None and count() <= start and time.monotonic() - t0 < timeout:
+        time.sleep(0.02)
