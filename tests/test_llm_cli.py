@@ -342,3 +342,22 @@ def test_max_steps_cycles_the_data_and_the_result_goes_to_stdout(
     assert result["step"] == 7.0
     messages = [r.getMessage() for r in caplog.records]
     assert "6 prompts, 2 a step: 7 steps (3 epochs of 3 steps; --max-steps cycles the data)" in messages
+
+
+@pytest.mark.slow  # two generation-worker starts
+def test_async_run_with_a_worker_resumes_and_logs_its_staleness(setup: Path, tmp_path: Path) -> None:
+    """`grpo-train --async 1 --engine worker`: every step after the first trains on a batch the
+    previous weights sampled (async/staleness 1, importance weights reported), and --resume
+    continues from the checkpoint."""
+    base = [
+        "--model-name", str(setup / "model"), "--dataset", str(setup / "data.jsonl"), "--prompt-column", "q",
+        "--batch-size", "2", "--num-generations", "2", "--max-new-tokens", "3", "--save-steps", "2",
+        "--logging-steps", "1", "--output-dir", str(tmp_path / "out"), "--device", "cpu", "--no-progress",
+        "--async", "1", "--engine", "worker", "--reward", "format",
+    ]  # fmt: skip
+    assert main([*base, "--max-steps", "2"]) == 0
+    assert main([*base, "--max-steps", "4", "--resume"]) == 0
+    records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1.0, 2.0, 3.0, 4.0]
+    assert [r["async/staleness"] for r in records] == [0.0, 1.0, 0.0, 1.0]  # the resumed run starts fresh
+    assert all(0.0 < r["sampler/ess"] <= 1.0 for r in records)
