@@ -143,6 +143,21 @@ def test_each_batch_is_sampled_by_weights_at_most_k_steps_old_and_corrected(k: i
     assert t.config.effective_sampler_is_cap == 2.0  # on by default
 
 
+def test_a_step_takes_its_prefetched_batch_in_order() -> None:
+    """A Tensor batch is matched by value (the trainer moves Tensors to its device each time);
+    another batch than the next prefetched one is refused before any weight changes."""
+    t = trainer(1)
+    t.prefetch(torch.zeros(4, 1))
+    t.prefetch(torch.ones(4, 1))
+    t.step(torch.zeros(4, 1))  # an equal Tensor, not the same object
+    assert t.last_batch is not None
+    assert torch.equal(t.last_batch.states, torch.zeros(4, 1))
+    before = t.policy.net.logits.detach().clone()  # type: ignore[attr-defined]
+    with pytest.raises(RuntimeError, match="not the next prefetched batch"):
+        t.step(torch.full((4, 1), 2.0))
+    assert torch.equal(t.policy.net.logits, before)  # type: ignore[attr-defined]
+
+
 def test_an_in_process_engine_refuses_async() -> None:
     with pytest.raises(ValueError, match="engine with its own copy of the weights"):
         trainer(1, engine=None)

@@ -24,6 +24,9 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+import torch
+from torch import Tensor
+
 from grpo.generation.engine import GenerationEngine, PendingGeneration
 from grpo.policy_base import PolicyModel
 
@@ -78,12 +81,13 @@ class PrefetchingEngine:
     def submit(
         self, states: Any, num_actions_per_state: int, *, with_log_probs: bool, **kwargs: Any
     ) -> PendingGeneration:
-        """The prefetched generation of ``states`` (the oldest submitted must be this object);
-        with nothing prefetched, a generation submitted now."""
+        """The prefetched generation of ``states`` (the oldest submitted must be this object, or
+        for a Tensor one equal to it: the trainer moves a Tensor to its device each time); with
+        nothing prefetched, a generation submitted now."""
         if not self._pending:
             return self.inner.submit(states, num_actions_per_state, with_log_probs=True, **kwargs)
         expected, handle = self._pending[0]
-        if expected is not states:
+        if not _same_states(expected, states):
             raise RuntimeError(
                 "async rollouts: the step's states are not the next prefetched batch. Steps must "
                 "take the batches in the order they were prefetched (train() does); call "
@@ -106,3 +110,12 @@ class PrefetchingEngine:
     def close(self) -> None:
         self._pending.clear()
         self.inner.close()
+
+
+def _same_states(prefetched: Any, states: Any) -> bool:
+    """``states`` is the batch that was prefetched: the same object, or equal Tensors."""
+    if prefetched is states:
+        return True
+    if isinstance(prefetched, Tensor) and isinstance(states, Tensor):
+        return prefetched.shape == states.shape and torch.equal(prefetched.to(states.device), states)
+    return False
