@@ -31,22 +31,10 @@ from grpo.population import (
     tournament_parents,
 )
 from tests.conftest import bandit_policy
+from tests.population_toys import arm_reward, expected_reward
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]
-
-ARMS = torch.linspace(0.0, 1.0, 10)  # arm a pays a / 9
-
-
-def arm_reward(states: Tensor, actions: Tensor) -> Tensor:
-    return ARMS[actions.long()]
-
-
-def expected_reward(member: Member) -> float:
-    """The bandit policy's exact expected reward: softmax(logits) . ARMS."""
-    assert member.trainer is not None
-    (logits,) = member.trainer.policy.get_parameters().values()
-    return float(torch.softmax(logits.detach(), 0) @ ARMS)
 
 
 def make_bandit(hp: dict[str, float]) -> GRPOTrainer:

@@ -23,41 +23,26 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script
     sys.path.insert(0, str(ROOT))
 
-from grpo import GRPOConfig, GRPOTrainer  # noqa: E402
-from grpo.population import HyperparameterConfig, Member, Population, RLParameter, population  # noqa: E402
+from grpo import GRPOTrainer  # noqa: E402
+from grpo.population import Population, population  # noqa: E402
 from grpo.state.checkpoint import CheckpointError  # noqa: E402
-from tests.conftest import bandit_policy  # noqa: E402
+from tests.population_toys import HPC, expected_reward, make_clipped_bandit  # noqa: E402
 
-ARMS = torch.linspace(0.0, 1.0, 10)
 GENERATIONS, STEPS = 4, 3
-HPC = HyperparameterConfig(
-    learning_rate=RLParameter(min=1e-4, max=1.0, shrink_factor=0.5, grow_factor=3.0),
-    clip_epsilon=RLParameter(min=0.05, max=0.4),
-)
-
-
-def arm_reward(states: Tensor, actions: Tensor) -> Tensor:
-    return ARMS[actions.long()]
 
 
 def make(hp: dict[str, float]) -> GRPOTrainer:
-    cfg = GRPOConfig(
-        group_size=4, batch_size=4, learning_rate=hp["learning_rate"], clip_epsilon=hp["clip_epsilon"],
-        num_epochs_per_update=2, seed=0, distributed="off", lr_schedule="linear", warmup_steps=2,
-        total_steps=200,
-    )  # fmt: skip
-    return GRPOTrainer(cfg, bandit_policy(10), arm_reward)
-
-
-def fitness(member: Member) -> float:
-    assert member.trainer is not None
-    (logits,) = member.trainer.policy.get_parameters().values()
-    return float(torch.softmax(logits.detach(), 0) @ ARMS)
+    return make_clipped_bandit(hp, lr_schedule="linear", warmup_steps=2, total_steps=200)
 
 
 def build() -> Population:
     return population(
-        4, make, HPC, hyperparameters={"learning_rate": 1e-3, "clip_epsilon": 0.2}, fitness=fitness, seed=3
+        4,
+        make,
+        HPC,
+        hyperparameters={"learning_rate": 1e-3, "clip_epsilon": 0.2},
+        fitness=expected_reward,
+        seed=3,
     )
 
 

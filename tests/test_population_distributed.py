@@ -10,35 +10,11 @@ import pytest
 import torch
 from torch import Tensor
 
-from grpo import GRPOConfig, GRPOTrainer
-from grpo.population import HyperparameterConfig, Member, Population, RLParameter, population
-from tests.conftest import bandit_policy
+from grpo.population import Population, population
 from tests.distributed_toys import launch
+from tests.population_toys import HPC, expected_reward, make_clipped_bandit
 
-ARMS = torch.linspace(0.0, 1.0, 10)
-HPC = HyperparameterConfig(
-    learning_rate=RLParameter(min=1e-4, max=1.0, shrink_factor=0.5, grow_factor=3.0),
-    clip_epsilon=RLParameter(min=0.05, max=0.4),
-)
 SIZE, STEPS, GENERATIONS = 2, 3, 3
-
-
-def arm_reward(states: Tensor, actions: Tensor) -> Tensor:
-    return ARMS[actions.long()]
-
-
-def make(hp: dict[str, float]) -> GRPOTrainer:
-    cfg = GRPOConfig(
-        group_size=4, batch_size=4, learning_rate=hp["learning_rate"], clip_epsilon=hp["clip_epsilon"],
-        num_epochs_per_update=2, seed=0, distributed="off",
-    )  # fmt: skip
-    return GRPOTrainer(cfg, bandit_policy(10), arm_reward)
-
-
-def fitness(member: Member) -> float:
-    assert member.trainer is not None
-    (logits,) = member.trainer.policy.get_parameters().values()
-    return float(torch.softmax(logits.detach(), 0) @ ARMS)
 
 
 def states(batch_size: int) -> Tensor:
@@ -48,7 +24,13 @@ def states(batch_size: int) -> Tensor:
 def build(distributed: bool) -> Population:
     starts = [{"learning_rate": 1e-3, "clip_epsilon": 0.2}, {"learning_rate": 0.05, "clip_epsilon": 0.1}]
     return population(
-        SIZE, make, HPC, hyperparameters=starts, fitness=fitness, seed=4, distributed=distributed
+        SIZE,
+        make_clipped_bandit,
+        HPC,
+        hyperparameters=starts,
+        fitness=expected_reward,
+        seed=4,
+        distributed=distributed,
     )
 
 
