@@ -379,7 +379,6 @@ class CausalLMPolicy:
         if gradient_checkpointing:
             self.enable_gradient_checkpointing()
         self.last_generation: dict[str, float] = {}
-        self._sampler_log_probs: list[Tensor] | None = None  # set while recording (sampler log-probs)
 
     # ---- PolicyModel -------------------------------------------------------------------------
     def get_parameters(self) -> dict[str, Tensor]:
@@ -504,17 +503,30 @@ class CausalLMPolicy:
         agreement. With ``max_model_len`` each completion stops at ``min(max_new_tokens,
         max_model_len - its prompt length)`` tokens (`completion_budgets`).
         """
-        opts = self.sampling_options(kwargs)
-        g = int(num_actions_per_state)
+        return self._generate_groups(states, int(num_actions_per_state), self.sampling_options(kwargs))
+
+    def _generate_groups(
+        self,
+        states: Sequence[Any],
+        g: int,
+        opts: SamplingOptions,
+        sampler_log_probs: list[Tensor] | None = None,
+    ) -> list[list[Completion]]:
+        """`generate_actions` with checked ``opts``; ``sampler_log_probs``: see `generate_from_ids`."""
         prompts = [torch.tensor(self.encode_prompt(s), dtype=torch.long) for s in states]
         budgets = self.completion_budgets([int(p.shape[0]) for p in prompts], opts.max_new_tokens)
         rows = [p for p in prompts for _ in range(g)]  # group-major: row k is prompt k // g
         row_budgets = [b for b in budgets for _ in range(g)]
-        out = self.generate_from_ids(rows, row_budgets, opts)
+        out = self.generate_from_ids(rows, row_budgets, opts, sampler_log_probs=sampler_log_probs)
         return [out[k * g : (k + 1) * g] for k in range(len(prompts))]
 
     def generate_from_ids(
-        self, contexts: Sequence[Tensor], budgets: Sequence[int], options: SamplingOptions | None = None
+        self,
+        contexts: Sequence[Tensor],
+        budgets: Sequence[int],
+        options: SamplingOptions | None = None,
+        *,
+        sampler_log_probs: list[Tensor] | None = None,
     ) -> list[Completion]:
         """One sampled `Completion` per context: ``contexts[i]`` (P_i,) int64 token ids on CPU (no
         padding; they become the completion's ``prompt_ids``), at most ``budgets[i]`` (>= 1) new
@@ -522,7 +534,10 @@ class CausalLMPolicy:
         ``generation_batch_size`` chunks), with the sampling ``options`` (None = the
         constructor's; `sampling_options` builds them from keyword overrides). `generate_actions`
         is this on the encoded prompts; a multi-turn rollout (`grpo.llm.multiturn`) calls it once
-        per turn on the active episodes' contexts."""
+        per turn on the active episodes' contexts. ``sampler_log_probs``: a list that receives,
+        per ``generate`` chunk, the (n, T') log-probs of the sampled tokens under the scores they
+        were drawn from (`grpo.llm.sampler_logprobs.ChosenTokenLogProbs`; valid only without
+        top-k / top-p / min-p)."""
         opts = self.sampling_options({}) if options is None else options
         if len(contexts) != len(budgets) or not contexts:
             raise ValueError(
@@ -546,7 +561,14 @@ class CausalLMPolicy:
             part_budgets = row_budgets[start : start + chunk]
             gen_cfg = self._generation_config(transformers, opts._replace(max_new_tokens=max(part_budgets)))
             completions = self._generate_rows(
-                rows[start : start + chunk], gen_cfg, synced, device, eos, part_budgets, opts
+                rows[start : start + chunk],
+                gen_cfg,
+                synced,
+                device,
+                eos,
+                part_budgets,
+                opts,
+                sampler_log_probs,
             )
             n_tokens += sum(len(c) for c in completions)
             out.extend(completions)
@@ -622,13 +644,14 @@ class CausalLMPolicy:
         eos: Tensor,
         budgets: Sequence[int],
         opts: SamplingOptions,
+        sampler_log_probs: list[Tensor] | None = None,
     ) -> list[Completion]:
         """One ``generate`` call on the prompt rows ``part``: a `Completion` per row, cut after its
         first token in ``eos`` or at its budget (``budgets[i]`` tokens; the first tokens of a longer
         sample are a sample of the shorter length: the cut changes no distribution)."""
         ids, attn = self._left_pad(part)
         width = ids.shape[1]
-        recorder = None if self._sampler_log_probs is None else ChosenTokenLogProbs(opts.temperature)
+        recorder = None if sampler_log_probs is None else ChosenTokenLogProbs(opts.temperature)
         extra = {} if recorder is None else {"logits_processor": recorder.processors(require("transformers"))}
         with torch.no_grad(), self._autocast():
             seqs = self.model.generate(
@@ -639,8 +662,8 @@ class CausalLMPolicy:
                 **extra,
             )
         comp = seqs[:, width:].cpu()  # (n, T') completion ids, padded after the first EOS
-        if recorder is not None and self._sampler_log_probs is not None:
-            self._sampler_log_probs.append(recorder.finish(seqs[:, width:]))  # (n, T')
+        if recorder is not None and sampler_log_probs is not None:
+            sampler_log_probs.append(recorder.finish(seqs[:, width:]))  # (n, T')
         limit = torch.tensor(budgets).clamp(max=comp.shape[1])  # (n,)
         is_eos = torch.isin(comp, eos) & (torch.arange(comp.shape[1]) < limit.unsqueeze(1))
         has_eos = is_eos.any(dim=1)
@@ -668,20 +691,18 @@ class CausalLMPolicy:
             groups = self.generate_actions(states, num_actions_per_state, **kwargs)
             flat_states = [s for s in states for _ in range(num_actions_per_state)]
             return groups, self.get_log_probabilities(flat_states, [c for g in groups for c in g])
-        self._sampler_log_probs = []
-        try:
-            groups = self.generate_actions(states, num_actions_per_state, **kwargs)
-            chunks = self._sampler_log_probs
-        finally:
-            self._sampler_log_probs = None
-        flat = [c for g in groups for c in g]
-        lengths = torch.tensor([len(c) for c in flat])
+        chunks: list[Tensor] = []  # (n, T') per generate chunk, in row order
+        groups = self._generate_groups(states, int(num_actions_per_state), opts, sampler_log_probs=chunks)
+        lengths = torch.tensor([len(c) for g in groups for c in g])  # (N,)
         width = int(lengths.max())
-        rows = [r for chunk in chunks for r in chunk]  # (T'_chunk,) per completion, in order
-        logp = torch.zeros(len(flat), width)
-        for i, (r, n) in enumerate(zip(rows, lengths.tolist(), strict=True)):
-            logp[i, :n] = r[:n]
-        mask = torch.arange(width) < lengths.unsqueeze(1)
+        logp = torch.zeros(int(lengths.shape[0]), width)
+        row = 0
+        for chunk in chunks:
+            n, w = chunk.shape[0], min(int(chunk.shape[1]), width)
+            logp[row : row + n, :w] = chunk[:, :w]
+            row += n
+        mask = torch.arange(width) < lengths.unsqueeze(1)  # (N, T)
+        logp = logp.masked_fill(~mask, 0.0)  # after each completion's end: its padding's values
         return groups, PolicyOutput(logp.to(self.device), mask.to(self.device))
 
     # ---- log-probs ---------------------------------------------------------------------------
