@@ -311,3 +311,24 @@ def test_pad_lora_pair_keeps_the_product() -> None:
     assert torch.equal(b[:, 2:], torch.zeros(3, 2))
     with pytest.raises(ValueError, match=r"ranks do not fit"):
         pad_lora_pair(fill, torch.randn(3, 4), a_c, (3, 2), ratio=1.0)
+
+
+def test_base_model_state_dict_saves_the_base_without_a_copy(tiny: dict[str, object], tmp_path: Path) -> None:
+    """The base weights written from `base_model_state_dict` load as the plain base model: its
+    logits equal the PEFT model's with the adapter disabled, and equal the original checkpoint's."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo.llm.lora import base_model_state_dict
+
+    model = _lora(tiny)
+    state = base_model_state_dict(model)
+    assert not [n for n in state if "lora_" in n or "base_layer" in n]
+    model.get_base_model().save_pretrained(tmp_path, state_dict=state, safe_serialization=True)
+    loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)
+    ids = torch.tensor([[3, 7, 11, 5, 2]])
+    with torch.no_grad(), model.disable_adapter():
+        want = model(input_ids=ids).logits
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids).logits, want)
+        assert torch.equal(_base(tiny)(input_ids=ids).logits, want)
+        assert not torch.equal(model(input_ids=ids).logits, want)  # the adapter changes them

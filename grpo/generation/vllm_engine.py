@@ -200,20 +200,17 @@ def completions_and_log_probs(
 
 
 def _lora_base_state_dict(peft_model: Any) -> dict[str, Tensor]:
-    """The base model's weights of a PEFT (LoRA) model under the base checkpoint's names:
-    ``lora_*`` tensors left out, ``.base_layer.`` removed. ValueError for ``modules_to_save``
-    (trainable full copies, which vLLM's LoRA cannot take)."""
-    state: dict[str, Tensor] = {}
-    for name, tensor in peft_model.get_base_model().state_dict().items():
-        if "modules_to_save" in name:
-            raise ValueError(
-                f"the LoRA model trains full copies of some modules ({name}: modules_to_save); "
-                "vLLM LoRA adapters cannot hold them. Drop modules_to_save or use generation_engine='worker'."
-            )
-        if "lora_" in name:
-            continue
-        state[name.replace(".base_layer.", ".").replace(".original_module.", ".")] = tensor
-    return state
+    """`grpo.llm.lora.base_model_state_dict`; ValueError for ``modules_to_save`` (trainable full
+    copies, which vLLM's LoRA cannot take)."""
+    from grpo.llm.lora import base_model_state_dict
+
+    trained = [n for n, _ in peft_model.named_parameters() if "modules_to_save" in n]
+    if trained:
+        raise ValueError(
+            f"the LoRA model trains full copies of some modules ({trained[0]}: modules_to_save); "
+            "vLLM LoRA adapters cannot hold them. Drop modules_to_save or use generation_engine='worker'."
+        )
+    return base_model_state_dict(peft_model)
 
 
 # ---- vLLM calls (version-specific) -----------------------------------------------------------

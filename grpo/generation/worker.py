@@ -30,7 +30,6 @@ resumed trainer) starts at job v, so a resumed run seeds each batch as the unint
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import logging
 import os
@@ -724,8 +723,10 @@ class WorkerEngine:
 def save_causal_lm(policy: CausalLMPolicy, directory: str) -> str | None:
     """Save ``policy``'s model and tokenizer to ``directory/base`` (a PEFT model: its base model
     there, the active adapter to ``directory/adapter``). Returns the adapter's name, or None.
-    The base of a PEFT model comes from a temporary copy of the model with the adapters removed
-    (``peft``'s ``unload``): memory for a second model while saving."""
+    The base of a PEFT model is its weights without the adapters
+    (`grpo.llm.lora.base_model_state_dict`: no copy of the model)."""
+    from grpo.llm.lora import base_model_state_dict
+
     base_dir = os.path.join(directory, "base")
     model = policy.model
     if not policy.is_peft:
@@ -737,7 +738,9 @@ def save_causal_lm(policy: CausalLMPolicy, directory: str) -> str | None:
             f"the PEFT model has several active adapters {adapter!r}; the worker rebuilds one. "
             f"Pass WorkerEngine(make_policy) that builds the worker's model instead."
         )
-    copy.deepcopy(model).unload().save_pretrained(base_dir, safe_serialization=True)
+    model.get_base_model().save_pretrained(
+        base_dir, state_dict=base_model_state_dict(model), safe_serialization=True
+    )
     policy.tokenizer.save_pretrained(base_dir)
     model.save_pretrained(os.path.join(directory, "adapter"), selected_adapters=[adapter])
     return str(adapter)

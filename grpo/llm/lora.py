@@ -36,6 +36,7 @@ __all__ = [
     "active_adapter",
     "adapter_parameters",
     "add_reference_adapter",
+    "base_model_state_dict",
     "copy_adapter",
     "lora_config_differences",
     "lora_scaling",
@@ -103,6 +104,20 @@ def adapter_parameters(model: Any, name: str) -> dict[str, Tensor]:
     """The parameters of adapter ``name`` of a PEFT model, by their full names (the PEFT names
     carry the adapter name as one dotted component, e.g. ``...q_proj.lora_A.reference.weight``)."""
     return {n: p for n, p in model.named_parameters() if name in n.split(".")}
+
+
+def base_model_state_dict(model: Any) -> dict[str, Tensor]:
+    """The base model's weights of a PEFT (LoRA) model under the base checkpoint's names, as
+    ``unload()`` would leave them but without copying the model: adapter tensors (``lora_*``) and
+    the trainable ``modules_to_save`` copies left out, ``.base_layer.`` / ``.original_module.``
+    dropped from the names. ``base.save_pretrained(dir, state_dict=...)`` then writes a checkpoint
+    ``from_pretrained`` loads as the plain base model."""
+    state: dict[str, Tensor] = {}
+    for name, tensor in model.get_base_model().state_dict().items():
+        if "lora_" in name or ".modules_to_save." in name:
+            continue
+        state[name.replace(".base_layer.", ".").replace(".original_module.", ".")] = tensor
+    return state
 
 
 def copy_adapter(model: Any, source: str, target: str) -> None:
