@@ -63,7 +63,7 @@ times = [b - a for a, b in zip(clock.ends, clock.ends[1:])]  # steps 1.. (step 0
 tokens = clock.tokens[1:]
 mid = sorted(range(len(times)), key=times.__getitem__)[len(times) // 2]  # the median step
 times, tokens = [times[mid]], [tokens[mid]]
-sync = getattr(getattr(trainer.collector.engine, "inner", trainer.collector.engine), "last_sync_seconds", 0.0)
+sync = getattr(trainer.collector.engine, "last_sync_seconds", None) or 0.0
 trainer.close()  # joins a worker process: its peak memory is then in RUSAGE_CHILDREN
 peak = (torch.cuda.max_memory_allocated() if device.startswith("cuda")
         else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)

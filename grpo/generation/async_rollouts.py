@@ -63,6 +63,15 @@ class PrefetchingEngine:
         return self.inner.version
 
     @property
+    def last_sync_seconds(self) -> float | None:
+        """The inner engine's cost of its last weight sync (None when it keeps none)."""
+        return getattr(self.inner, "last_sync_seconds", None)
+
+    @property
+    def last_sync_wait_seconds(self) -> float | None:
+        return getattr(self.inner, "last_sync_wait_seconds", None)
+
+    @property
     def num_pending(self) -> int:
         """Generations submitted ahead and not yet taken by a step."""
         return len(self._pending)

@@ -158,8 +158,9 @@ def engine_metrics(engine: GenerationEngine, versions: Tensor | None, step_count
     if not engine.owns_weights or versions is None or versions.numel() == 0:
         return {}
     out = {"async/staleness": float(step_count - int(versions.min()))}
-    inner = getattr(engine, "inner", engine)  # a PrefetchingEngine's engine
-    sync = getattr(inner, "last_sync_seconds", None)
+    sync = getattr(engine, "last_sync_seconds", None)
     if isinstance(sync, (int, float)):  # with the wait for the previous sync's acknowledgement
-        out["async/sync_seconds"] = float(sync) + float(getattr(inner, "last_sync_wait_seconds", 0.0))
+        out["async/sync_seconds"] = float(sync) + float(
+            getattr(engine, "last_sync_wait_seconds", None) or 0.0
+        )
     return out
