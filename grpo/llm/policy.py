@@ -35,6 +35,7 @@ from grpo.engine.distributed import get_world_size, is_main_process
 from grpo.engine.fsdp import full_state_dict, is_fsdp_sharded, run_as_forward
 from grpo.llm._deps import require
 from grpo.llm.data import is_chat, prompt_text
+from grpo.llm.generation_defaults import model_generation_defaults_off
 from grpo.llm.logprobs import checked_compile_option, chunked_token_logprobs
 from grpo.llm.lora import REFERENCE_ADAPTER, SeparateAdapterReference, add_reference_adapter
 from grpo.llm.sampler_logprobs import ChosenTokenLogProbs
@@ -619,13 +620,14 @@ class CausalLMPolicy:
         return [min(max_new_tokens, limit - n) for n in prompt_lengths]
 
     def _generation_config(self, transformers: Any, opts: SamplingOptions) -> Any:
-        """The ``GenerationConfig`` of one ``generate`` call (options 0/1 that switch a knob off
-        are passed as None)."""
+        """The ``GenerationConfig`` of one ``generate`` call: every sampling field explicit
+        (`grpo.llm.generation_defaults`; ``min_p`` and ``min_new_tokens`` 0 = off are passed as
+        None, which `model_generation_defaults_off` keeps None)."""
         return transformers.GenerationConfig(
             do_sample=True,
             temperature=opts.temperature,
             top_p=opts.top_p,
-            top_k=opts.top_k if opts.top_k > 0 else None,
+            top_k=opts.top_k,  # 0 = off; None would let generate fill in top_k=50
             min_p=opts.min_p if opts.min_p > 0 else None,
             repetition_penalty=opts.repetition_penalty,
             max_new_tokens=opts.max_new_tokens,
@@ -653,7 +655,8 @@ class CausalLMPolicy:
         width = ids.shape[1]
         recorder = None if sampler_log_probs is None else ChosenTokenLogProbs(opts.temperature)
         extra = {} if recorder is None else {"logits_processor": recorder.processors(require("transformers"))}
-        with torch.no_grad(), self._autocast():
+        no_defaults = model_generation_defaults_off(self._causal_lm(), require("transformers"))
+        with torch.no_grad(), self._autocast(), no_defaults:
             seqs = self.model.generate(
                 input_ids=ids.to(device),
                 attention_mask=attn.to(device),
