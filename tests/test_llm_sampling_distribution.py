@@ -98,3 +98,18 @@ def test_the_models_generation_config_is_put_back_when_generate_raises(tiny) -> 
     with pytest.raises(ValueError, match="budget"):
         policy.generate_from_ids([torch.tensor([3, 4])], [0])
     assert model.generation_config is own
+
+
+def test_what_generation_returns_is_no_inference_tensor(tiny) -> None:
+    """generate runs in inference mode; its completions and sampler log-probs must still be
+    usable in a training forward (an inference tensor cannot be saved for backward)."""
+    tok, model = tiny["tok"], tiny["model"]
+    policy = CausalLMPolicy(model, tok, max_new_tokens=4)
+    groups, sampler = policy.generate_actions_with_sampler_log_probs(["1+2=", "ab"], 3)
+    flat = [c for g in groups for c in g]
+    assert not any(c.token_ids.is_inference() or c.prompt_ids.is_inference() for c in flat)
+    assert not sampler.log_probs.is_inference()
+    assert not sampler.mask.is_inference()
+    out = policy.evaluate_actions(None, flat)
+    (out.log_probs * out.mask).sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

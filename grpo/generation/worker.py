@@ -80,7 +80,7 @@ logger = logging.getLogger(__name__)
 CARRIED_SETTINGS: tuple[str, ...] = (
     "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
     "use_chat_template", "system_prompt", "max_prompt_length", "logprob_chunk_size", "autocast",
-    "generation_batch_size", "min_new_tokens", "max_model_len", "compile_logprobs",
+    "generation_batch_size", "min_new_tokens", "max_model_len", "compile_logprobs", "decoding",
 )  # fmt: skip
 NOT_CARRIED_SETTINGS: dict[str, str] = {
     "gradient_checkpointing": "training only (the worker runs no backward)",

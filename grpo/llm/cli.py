@@ -205,6 +205,11 @@ class GenerationOptions:
     generation_batch_size: int | None = _opt(
         None, "Completions per generate call (a multiple of the group size); none = all at once."
     )
+    decoding: Literal["auto", "generate"] = _opt(
+        "auto",
+        "auto: a plain KV-cache sampling loop when only the temperature and min-new-tokens shape "
+        "sampling (the tokens generate would draw, faster); generate: always Hugging Face generate.",
+    )
 
 
 @dataclass
@@ -1071,6 +1076,7 @@ def _build_policy(args: argparse.Namespace, model: Any, tokenizer: Any) -> Causa
         min_new_tokens=args.min_new_tokens,
         max_model_len=args.max_model_len,
         use_separate_reference_adapter=args.use_separate_reference_adapter,
+        decoding=args.decoding,
     )
 
 

@@ -35,6 +35,7 @@ from grpo.engine.distributed import get_world_size, is_main_process
 from grpo.engine.fsdp import full_state_dict, is_fsdp_sharded, run_as_forward
 from grpo.llm._deps import require
 from grpo.llm.data import is_chat, prompt_text
+from grpo.llm.decode import sample_with_kv_cache
 from grpo.llm.generation_defaults import model_generation_defaults_off
 from grpo.llm.logprobs import checked_compile_option, chunked_token_logprobs
 from grpo.llm.lora import REFERENCE_ADAPTER, SeparateAdapterReference, add_reference_adapter
@@ -144,6 +145,28 @@ def _check_sampling_options(
         raise ValueError(f"min_p={min_p!r} must be in [0, 1); 0 switches it off.")
     if not repetition_penalty > 0:
         raise ValueError(f"repetition_penalty={repetition_penalty!r} must be > 0 (1 = off).")
+
+
+def _check_policy_options(
+    generation_batch_size: int | None,
+    max_model_len: int | None,
+    logprob_chunk_size: int | None,
+    decoding: str,
+) -> None:
+    """ValueError naming a `CausalLMPolicy` option out of range (sampling: `_check_sampling_options`)."""
+    for name, value in (
+        ("generation_batch_size", generation_batch_size),
+        ("max_model_len", max_model_len),
+    ):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name}={value!r} must be an integer >= 1 or None.")
+    if decoding not in ("auto", "generate"):
+        raise ValueError(
+            f"decoding={decoding!r}: choose 'auto' (the KV-cache loop where it applies, else "
+            f"generate) or 'generate' (always Hugging Face generate)."
+        )
+    if logprob_chunk_size is not None and logprob_chunk_size < 1:
+        raise ValueError(f"logprob_chunk_size={logprob_chunk_size!r} must be >= 1 or None.")
 
 
 def _eos_token_ids(tokenizer: Any, model: Any) -> list[int]:
@@ -319,6 +342,12 @@ class CausalLMPolicy:
             (`grpo.llm.logprobs.compiled_chunk_kernels`; same values up to float rounding; the
             first scoring call compiles). Needs ``logprob_chunk_size``. Off by default: measured
             in benchmarks/llm_memory.py (docs/llm.md, Fused kernels).
+        decoding: ``"auto"`` (default): sample with a plain KV-cache loop
+            (`grpo.llm.decode`; bitwise the tokens ``generate`` draws, without its per-token
+            overhead) when only the temperature and ``min_new_tokens`` shape the distribution
+            and the weights are not partitioned, else with Hugging Face ``generate``;
+            ``"generate"``: always ``generate`` (a model whose own ``generate`` does more than
+            a KV-cache decode needs it).
     """
 
     def __init__(
@@ -343,18 +372,12 @@ class CausalLMPolicy:
         max_model_len: int | None = None,
         use_separate_reference_adapter: bool = False,
         compile_logprobs: bool = False,
+        decoding: str = "auto",
     ) -> None:
         _check_sampling_options(
             max_new_tokens, temperature, top_p, top_k, min_p, repetition_penalty, min_new_tokens
         )
-        for name, value in (
-            ("generation_batch_size", generation_batch_size),
-            ("max_model_len", max_model_len),
-        ):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name}={value!r} must be an integer >= 1 or None.")
-        if logprob_chunk_size is not None and logprob_chunk_size < 1:
-            raise ValueError(f"logprob_chunk_size={logprob_chunk_size!r} must be >= 1 or None.")
+        _check_policy_options(generation_batch_size, max_model_len, logprob_chunk_size, decoding)
         self.model = model
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
@@ -372,6 +395,7 @@ class CausalLMPolicy:
         self.generation_batch_size = generation_batch_size
         self.min_new_tokens = min_new_tokens
         self.max_model_len = max_model_len
+        self.decoding = decoding
         self.is_peft = _is_peft(model)
         self.eos_token_ids: list[int] = _eos_token_ids(tokenizer, model)
         pad = tokenizer.pad_token_id
@@ -652,21 +676,11 @@ class CausalLMPolicy:
         first token in ``eos`` or at its budget (``budgets[i]`` tokens; the first tokens of a longer
         sample are a sample of the shorter length: the cut changes no distribution)."""
         ids, attn = self._left_pad(part)
-        width = ids.shape[1]
-        recorder = None if sampler_log_probs is None else ChosenTokenLogProbs(opts.temperature)
-        extra = {} if recorder is None else {"logits_processor": recorder.processors(require("transformers"))}
-        no_defaults = model_generation_defaults_off(self._causal_lm(), require("transformers"))
-        with torch.no_grad(), self._autocast(), no_defaults:
-            seqs = self.model.generate(
-                input_ids=ids.to(device),
-                attention_mask=attn.to(device),
-                generation_config=gen_cfg,
-                synced_gpus=synced,
-                **extra,
-            )
-        comp = seqs[:, width:].cpu()  # (n, T') completion ids, padded after the first EOS
-        if recorder is not None and sampler_log_probs is not None:
-            sampler_log_probs.append(recorder.finish(seqs[:, width:]))  # (n, T')
+        comp, logp = self._sample_ids(ids.to(device), attn.to(device), gen_cfg, opts, synced,
+                                      sampler_log_probs is not None)  # fmt: skip
+        comp = comp.cpu()  # (n, T') completion ids, padded after the first EOS
+        if logp is not None and sampler_log_probs is not None:
+            sampler_log_probs.append(logp.cpu().clone())  # (n, T'); clone: no inference tensor
         limit = torch.tensor(budgets).clamp(max=comp.shape[1])  # (n,)
         is_eos = torch.isin(comp, eos) & (torch.arange(comp.shape[1]) < limit.unsqueeze(1))
         has_eos = is_eos.any(dim=1)
@@ -678,6 +692,50 @@ class CausalLMPolicy:
             Completion(part[i], toks, text, bool(has_eos[i]), opts.temperature, opts.min_new_tokens)
             for i, (toks, text) in enumerate(zip(token_rows, texts, strict=True))
         ]
+
+    def _sample_ids(
+        self,
+        ids: Tensor,
+        attn: Tensor,
+        gen_cfg: Any,
+        opts: SamplingOptions,
+        synced: bool,
+        with_log_probs: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """(n, T') ids sampled after the left-padded prompts ``ids`` (n, P) (pad after a row's
+        EOS) and, with ``with_log_probs``, their (n, T') sampler log-probs: by the KV-cache loop
+        (`grpo.llm.decode`, bitwise generate's samples) where `uses_kv_loop`, else by ``generate``
+        with `ChosenTokenLogProbs` reading the scores it samples from."""
+        # inference mode (9 % faster decoding on a tiny CPU model than no_grad) except where
+        # ZeRO-3 / FSDP gather weights during generation: tensors they allocate here would be
+        # inference tensors in the training forward. What leaves `_generate_rows` is built outside.
+        no_autograd = torch.no_grad() if self.is_partitioned else torch.inference_mode()
+        if self.uses_kv_loop(opts, synced):
+            with no_autograd, self._autocast():
+                return sample_with_kv_cache(
+                    self.model, self._causal_lm(), ids, attn,
+                    max_new_tokens=int(gen_cfg.max_new_tokens), temperature=opts.temperature,
+                    eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
+                    min_new_tokens=opts.min_new_tokens, with_log_probs=with_log_probs,
+                )  # fmt: skip
+        transformers = require("transformers")
+        recorder = ChosenTokenLogProbs(opts.temperature) if with_log_probs else None
+        extra = {} if recorder is None else {"logits_processor": recorder.processors(transformers)}
+        no_defaults = model_generation_defaults_off(self._causal_lm(), transformers)
+        with no_autograd, self._autocast(), no_defaults:
+            seqs = self.model.generate(
+                input_ids=ids, attention_mask=attn, generation_config=gen_cfg, synced_gpus=synced, **extra
+            )
+        comp = seqs[:, ids.shape[1] :]
+        return comp, (None if recorder is None else recorder.finish(comp))
+
+    def uses_kv_loop(self, opts: SamplingOptions, synced: bool = False) -> bool:
+        """Whether sampling with ``opts`` runs the KV-cache loop (`grpo.llm.decode`): with
+        ``decoding="auto"``, when only the temperature and ``min_new_tokens`` shape the
+        distribution and the weights are not partitioned over processes (``synced``: generation
+        must keep the processes in step, which ``generate`` does)."""
+        plain = opts.top_k == 0 and opts.top_p >= 1.0 and opts.min_p == 0.0 and opts.repetition_penalty == 1.0
+        return self.decoding == "auto" and plain and not synced and not self.is_partitioned
 
     def generate_actions_with_sampler_log_probs(
         self, states: Sequence[Any], num_actions_per_state: int, **kwargs: Any

@@ -1,0 +1,108 @@
+"""Sampling with a KV cache in a plain loop: what ``generate(do_sample=True)`` does when only a
+temperature and ``min_new_tokens`` shape the distribution, without its per-token overhead.
+
+For n left-padded prompts (ids (n, P), mask (n, P)), positions ``cumsum(mask) - 1`` (1 on the
+padding, as ``generate`` sets them), at step t = 0 .. T-1:
+
+    z_t = logits of the last position, float32          (n, V)
+    z_t[:, eos] = -inf       while t < min_new_tokens    (the EOS ban)
+    s_t = z_t / temperature
+    y_t ~ softmax(s_t)                                  (torch.multinomial, as generate draws)
+    logp_t = log_softmax(s_t)[y_t]                      (the sampler's log-prob, on request)
+    y_t = pad where the row drew an EOS before t
+
+and it stops when every row has drawn an EOS or after ``max_new_tokens`` steps. Fed the same
+inputs and the same random stream, it returns bitwise the tokens ``generate`` returns
+(tests/test_llm_decode.py: llama, qwen2, gpt2, LoRA, the EOS ban, several temperatures). On a
+small model on the CPU a step of ``generate`` is mostly its own bookkeeping (preparing inputs,
+the logits-processor list inspecting each processor's signature, the stopping criteria):
+benchmarks/llm_throughput.py measures the difference.
+
+`CausalLMPolicy(decoding="auto")` (the default) samples with this loop where it applies (no
+top-k / top-p / min-p / repetition penalty, weights not partitioned over processes) and with
+``generate`` otherwise; ``decoding="generate"`` always uses ``generate``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from grpo.llm._deps import require
+
+__all__ = ["sample_with_kv_cache"]
+
+
+def _forward_keywords(model: Any) -> tuple[str, bool]:
+    """(the KV-cache keyword of ``model``'s forward: ``cache`` from transformers 5.x on,
+    ``past_key_values`` before; whether it takes ``logits_to_keep``). ``model``: the Hugging Face
+    model itself (under a PEFT wrapper, its base model: PEFT passes keywords through)."""
+    params = inspect.signature(model.forward).parameters
+    return ("cache" if "cache" in params else "past_key_values"), "logits_to_keep" in params
+
+
+def _new_cache(transformers: Any, model: Any) -> Any:
+    """An empty ``DynamicCache`` laid out for ``model`` (its config: sliding-window layers)."""
+    if "config" in inspect.signature(transformers.DynamicCache).parameters:
+        return transformers.DynamicCache(config=model.config)
+    return transformers.DynamicCache()
+
+
+def sample_with_kv_cache(
+    model: Any,
+    base_model: Any,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    eos_token_ids: Sequence[int],
+    pad_token_id: int,
+    min_new_tokens: int = 0,
+    with_log_probs: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Sample up to ``max_new_tokens`` tokens after each left-padded prompt (module docstring).
+
+    ``model``: the model to call (a PEFT wrapper applies its adapter); ``base_model``: the Hugging
+    Face model under it (``model`` itself without PEFT), whose config and forward signature are
+    read. ``input_ids``, ``attention_mask``: (n, P) on the model's device. Returns the (n, T)
+    sampled ids (``pad_token_id`` after a row's EOS; T <= max_new_tokens, the steps taken) and,
+    with ``with_log_probs``, their (n, T) float32 log-probs under the distribution each was
+    drawn from (else None). Call it under ``torch.inference_mode()`` or ``no_grad()``.
+    """
+    cache_key, keeps_logits = _forward_keywords(base_model)
+    cache = _new_cache(require("transformers"), base_model)
+    n, device = int(input_ids.shape[0]), input_ids.device
+    mask = attention_mask.long()
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # (n, P)
+    extra = {"logits_to_keep": 1} if keeps_logits else {}
+    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                **{cache_key: cache}, **extra)  # fmt: skip
+    eos = torch.tensor(list(eos_token_ids), device=device)
+    unfinished = torch.ones(n, dtype=torch.bool, device=device)
+    position = positions[:, -1:]  # (n, 1)
+    tokens: list[Tensor] = []
+    log_probs: list[Tensor] = []
+    for t in range(max_new_tokens):
+        scores = out.logits[:, -1].to(dtype=torch.float32, copy=True)  # (n, V)
+        if t < min_new_tokens:
+            scores[:, eos] = float("-inf")
+        scores = scores / temperature
+        drawn = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)  # (n,)
+        if with_log_probs:
+            log_probs.append(torch.log_softmax(scores, dim=-1).gather(1, drawn[:, None]).squeeze(1))
+        drawn = torch.where(unfinished, drawn, pad_token_id)
+        tokens.append(drawn)
+        unfinished &= ~torch.isin(drawn, eos)
+        if t == max_new_tokens - 1 or not bool(unfinished.any()):
+            break
+        mask = torch.cat([mask, mask.new_ones(n, 1)], dim=1)
+        position = position + 1
+        out = model(input_ids=drawn[:, None], attention_mask=mask, position_ids=position,
+                    use_cache=True, **{cache_key: cache})  # fmt: skip
+    ids = torch.stack(tokens, dim=1)
+    return ids, (torch.stack(log_probs, dim=1) if with_log_probs else None)
