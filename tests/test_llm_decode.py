@@ -98,3 +98,16 @@ def test_auto_takes_the_kv_loop_exactly_where_it_applies(tiny) -> None:
     assert not CausalLMPolicy(model, tok, decoding="generate").uses_kv_loop(policy.sampling_options({}))
     with pytest.raises(ValueError, match=r"decoding='vllm': choose 'auto'"):
         CausalLMPolicy(model, tok, decoding="vllm")
+
+
+def test_the_prefill_computes_only_the_last_positions_logits(tiny) -> None:
+    """Never (n, P, V) logits: with a real vocabulary and long prompts that is gigabytes."""
+    tok, model = tiny["tok"], tiny["llama"]
+    widths: list[int] = []
+    hook = model.lm_head.register_forward_hook(lambda m, args, out: widths.append(int(args[0].shape[1])))
+    try:
+        CausalLMPolicy(model, tok, max_new_tokens=3).generate_actions(["a longer prompt here"], 2)
+    finally:
+        hook.remove()
+    assert widths
+    assert set(widths) == {1}

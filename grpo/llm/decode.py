@@ -37,12 +37,16 @@ from grpo.llm._deps import require
 __all__ = ["sample_with_kv_cache"]
 
 
-def _forward_keywords(model: Any) -> tuple[str, bool]:
-    """(the KV-cache keyword of ``model``'s forward: ``cache`` from transformers 5.x on,
-    ``past_key_values`` before; whether it takes ``logits_to_keep``). ``model``: the Hugging Face
+def _forward_keywords(model: Any) -> tuple[str, dict[str, Any], bool]:
+    """How ``model``'s forward is called, read from its signature as ``generate`` reads it: (the
+    KV-cache keyword: ``cache`` from transformers 5.x on, ``past_key_values`` before; the prefill's
+    extra keywords: only the last position's logits (``logits_to_keep``, ``num_logits_to_keep``
+    before 4.50), never (n, P, V); whether it takes ``position_ids``). ``model``: the Hugging Face
     model itself (under a PEFT wrapper, its base model: PEFT passes keywords through)."""
     params = inspect.signature(model.forward).parameters
-    return ("cache" if "cache" in params else "past_key_values"), "logits_to_keep" in params
+    cache_key = "cache" if "cache" in params else "past_key_values"
+    keep = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
+    return cache_key, ({} if keep is None else {keep: 1}), "position_ids" in params
 
 
 def _new_cache(transformers: Any, model: Any) -> Any:
@@ -74,14 +78,14 @@ def sample_with_kv_cache(
     with ``with_log_probs``, their (n, T) float32 log-probs under the distribution each was
     drawn from (else None). Call it under ``torch.inference_mode()`` or ``no_grad()``.
     """
-    cache_key, keeps_logits = _forward_keywords(base_model)
+    cache_key, prefill_extra, takes_positions = _forward_keywords(base_model)
     cache = _new_cache(require("transformers"), base_model)
     n, device = int(input_ids.shape[0]), input_ids.device
     mask = attention_mask.long()
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # (n, P)
-    extra = {"logits_to_keep": 1} if keeps_logits else {}
-    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                **{cache_key: cache}, **extra)  # fmt: skip
+    pos = {"position_ids": positions} if takes_positions else {}
+    out = model(input_ids=input_ids, attention_mask=mask, use_cache=True, **pos, **{cache_key: cache},
+                **prefill_extra)  # fmt: skip
     eos = torch.tensor(list(eos_token_ids), device=device)
     unfinished = torch.ones(n, dtype=torch.bool, device=device)
     position = positions[:, -1:]  # (n, 1)
@@ -102,7 +106,8 @@ def sample_with_kv_cache(
             break
         mask = torch.cat([mask, mask.new_ones(n, 1)], dim=1)
         position = position + 1
-        out = model(input_ids=drawn[:, None], attention_mask=mask, position_ids=position,
-                    use_cache=True, **{cache_key: cache})  # fmt: skip
+        pos = {"position_ids": position} if takes_positions else {}
+        out = model(input_ids=drawn[:, None], attention_mask=mask, use_cache=True, **pos,
+                    **{cache_key: cache})  # fmt: skip
     ids = torch.stack(tokens, dim=1)
     return ids, (torch.stack(log_probs, dim=1) if with_log_probs else None)
