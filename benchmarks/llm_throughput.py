@@ -18,9 +18,11 @@ the figures move with the load of other processes: the sides run in turn in each
 rounds, and each ratio is taken within a round. A side ``ENGINE:K`` is grpo with
 ``generation_engine=ENGINE`` and ``async_staleness=K`` (issue 30: ``worker:1`` generates the next
 batch in a worker process while this one updates); its step time is the interval between step
-ends, as TRL's, and it also reports the worker's peak memory and the weight-sync time. ``--bf16`` (CUDA only):
-float32 weights with bf16 autocast on both sides (grpo's `CausalLMPolicy(autocast=True)`, TRL's
-``bf16=True``); without it both run in float32.
+ends, as TRL's, and it also reports the worker's peak memory and the weight-sync time.
+``ENGINE:K:generate`` samples with Hugging Face ``generate`` instead of the KV-cache loop
+(``CausalLMPolicy(decoding="generate")``; default ``auto``), to measure the loop's share.
+``--bf16`` (CUDA only): float32 weights with bf16 autocast on both sides (grpo's
+`CausalLMPolicy(autocast=True)`, TRL's ``bf16=True``); without it both run in float32.
 """
 
 from __future__ import annotations
@@ -44,11 +46,11 @@ from grpo import GRPOConfig, GRPOTrainer
 from grpo.llm import CausalLMPolicy, RewardFunctions
 from grpo.training.callbacks import Callback
 model_dir, steps, device, prompts = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
-bf16, engine, k = sys.argv[5] == "1", sys.argv[6], int(sys.argv[7])
+bf16, engine, k, decoding = sys.argv[5] == "1", sys.argv[6], int(sys.argv[7]), sys.argv[8]
 torch.manual_seed(0)
 tok = AutoTokenizer.from_pretrained(model_dir)
 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-policy = CausalLMPolicy(model, tok, max_new_tokens=32, temperature=1.0, autocast=bf16)
+policy = CausalLMPolicy(model, tok, max_new_tokens=32, temperature=1.0, autocast=bf16, decoding=decoding)
 reward = RewardFunctions(lambda p, c: [c_.count("7") / 32 for c_ in c])
 trainer = GRPOTrainer(GRPOConfig(group_size=8, batch_size=8, learning_rate=1e-5, kl_coeff=0.0, device=device,
                                  seed=0, generation_engine=engine, async_staleness=k), policy, reward)
@@ -168,7 +170,7 @@ def main() -> None:
             res = _measure(side, a, model_dir)
             if res is not None:
                 results[side].append(res)
-                print(f"round {r} {side:<10} {res['s_per_step']:.3f} s/step", flush=True)
+                print(f"round {r} {side:<18} {res['s_per_step']:.3f} s/step", flush=True)
     _report(results)
 
 
@@ -195,8 +197,10 @@ def _measure(side: str, a: argparse.Namespace, model_dir: str) -> dict[str, floa
             print(f"TRL not found at {a.trl_python}; only grpo is measured")
             return None
         return run(a.trl_python, TRL, model_dir, a.steps, a.device, a.bf16)
-    engine, k = side.split(":")
-    return run(sys.executable, OURS, model_dir, a.steps, a.device, a.bf16, (engine, k))
+    engine, k, *decoding = side.split(":")
+    return run(
+        sys.executable, OURS, model_dir, a.steps, a.device, a.bf16, (engine, k, *(decoding or ["auto"]))
+    )
 
 
 def _median(rows: list[dict[str, float]], key: str) -> float:
@@ -204,7 +208,7 @@ def _median(rows: list[dict[str, float]], key: str) -> float:
 
 
 def _report(results: dict[str, list[dict[str, float]]]) -> None:
-    print(f"{'side':<10}{'s/step (median, min-max)':>28}{'peak MiB':>10}{'worker MiB':>12}{'sync ms':>9}")
+    print(f"{'side':<18}{'s/step (median, min-max)':>28}{'peak MiB':>10}{'worker MiB':>12}{'sync ms':>9}")
     for side, rows in results.items():
         if not rows:
             continue
@@ -212,7 +216,7 @@ def _report(results: dict[str, list[dict[str, float]]]) -> None:
         worker = _median(rows, "worker_peak") / 2**20 if "worker_peak" in rows[0] else 0.0
         sync_ms = 1e3 * _median(rows, "sync_s") if "sync_s" in rows[0] else 0.0
         print(
-            f"{side:<10}{_median(rows, 's_per_step'):>12.3f} ({min(t):.3f}-{max(t):.3f})    "
+            f"{side:<18}{_median(rows, 's_per_step'):>12.3f} ({min(t):.3f}-{max(t):.3f})    "
             f"{_median(rows, 'peak') / 2**20:>10.0f}{worker:>12.0f}{sync_ms:>9.1f}"
         )
     trl = results.get("trl")
