@@ -83,6 +83,25 @@ def test_the_checkpoints_generation_config_does_not_change_what_is_sampled(tiny,
     assert loaded.generation_config.min_p == 0.5
 
 
+def test_the_policy_says_which_checkpoint_settings_it_does_not_apply(tiny, tmp_path, caplog) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny["dir"])
+    model.generation_config.do_sample = True
+    model.generation_config.top_k = 20
+    model.generation_config.top_p = 0.8
+    model.save_pretrained(tmp_path)
+    with caplog.at_level("WARNING", logger="grpo.llm.generation_defaults"):
+        CausalLMPolicy(AutoModelForCausalLM.from_pretrained(tmp_path), tiny["tok"], temperature=0.9)
+    (record,) = [r for r in caplog.records if "generation_config sets" in r.getMessage()]
+    assert "top_k=20, top_p=0.8" in record.getMessage()
+    assert "temperature=0.9, top_k=0, top_p=1.0" in record.getMessage()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="grpo.llm.generation_defaults"):
+        CausalLMPolicy(tiny["model"], tiny["tok"])  # a config with no sampling settings: silent
+    assert not [r for r in caplog.records if "generation_config sets" in r.getMessage()]
+
+
 def test_the_policys_own_top_k_still_truncates(tiny) -> None:
     tok, model = tiny["tok"], tiny["model"]
     policy = CausalLMPolicy(model, tok, max_new_tokens=1, temperature=1.0)

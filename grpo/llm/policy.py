@@ -36,7 +36,7 @@ from grpo.engine.fsdp import full_state_dict, is_fsdp_sharded, run_as_forward
 from grpo.llm._deps import require
 from grpo.llm.data import is_chat, prompt_text
 from grpo.llm.decode import sample_with_kv_cache
-from grpo.llm.generation_defaults import model_generation_defaults_off
+from grpo.llm.generation_defaults import log_unapplied_checkpoint_settings, model_generation_defaults_off
 from grpo.llm.logprobs import checked_compile_option, chunked_token_logprobs
 from grpo.llm.lora import REFERENCE_ADAPTER, SeparateAdapterReference, add_reference_adapter
 from grpo.llm.sampler_logprobs import ChosenTokenLogProbs
@@ -400,6 +400,8 @@ class CausalLMPolicy:
         self.eos_token_ids: list[int] = _eos_token_ids(tokenizer, model)
         pad = tokenizer.pad_token_id
         self.pad_token_id: int = int(pad) if pad is not None else self.eos_token_ids[0]
+        own = {k: getattr(self, k) for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")}
+        log_unapplied_checkpoint_settings(self._causal_lm(), own)
         self.reference_adapter: str | None = self._reference_adapter(use_separate_reference_adapter)
         if gradient_checkpointing:
             self.enable_gradient_checkpointing()
