@@ -113,9 +113,10 @@ def test_the_policys_own_top_k_still_truncates(tiny) -> None:
 def test_the_models_generation_config_is_put_back_when_generate_raises(tiny) -> None:
     tok, model = tiny["tok"], tiny["model"]
     own = model.generation_config
-    policy = CausalLMPolicy(model, tok, max_new_tokens=1)
-    with pytest.raises(ValueError, match="budget"):
-        policy.generate_from_ids([torch.tensor([3, 4])], [0])
+    policy = CausalLMPolicy(model, tok, max_new_tokens=1, decoding="generate")
+    out_of_vocabulary = torch.tensor([3, model.config.vocab_size + 5])  # the embedding raises in generate
+    with pytest.raises(IndexError):
+        policy.generate_from_ids([out_of_vocabulary], [1])
     assert model.generation_config is own
 
 

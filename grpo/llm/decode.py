@@ -80,12 +80,15 @@ def sample_with_kv_cache(
     """
     cache_key, prefill_extra, takes_positions = _forward_keywords(base_model)
     cache = _new_cache(require("transformers"), base_model)
+
+    def forward(ids: Tensor, mask: Tensor, positions: Tensor, **extra: Any) -> Any:
+        pos = {"position_ids": positions} if takes_positions else {}
+        return model(input_ids=ids, attention_mask=mask, use_cache=True, **pos, **{cache_key: cache}, **extra)
+
     n, device = int(input_ids.shape[0]), input_ids.device
     mask = attention_mask.long()
-    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # (n, P)
-    pos = {"position_ids": positions} if takes_positions else {}
-    out = model(input_ids=input_ids, attention_mask=mask, use_cache=True, **pos, **{cache_key: cache},
-                **prefill_extra)  # fmt: skip
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # (n, P), 1 on the padding as generate
+    out = forward(input_ids, mask, positions, **prefill_extra)
     eos = torch.tensor(list(eos_token_ids), device=device)
     unfinished = torch.ones(n, dtype=torch.bool, device=device)
     position = positions[:, -1:]  # (n, 1)
@@ -106,8 +109,6 @@ def sample_with_kv_cache(
             break
         mask = torch.cat([mask, mask.new_ones(n, 1)], dim=1)
         position = position + 1
-        pos = {"position_ids": position} if takes_positions else {}
-        out = model(input_ids=drawn[:, None], attention_mask=mask, use_cache=True, **pos,
-                    **{cache_key: cache})  # fmt: skip
+        out = forward(drawn[:, None], mask, position)
     ids = torch.stack(tokens, dim=1)
     return ids, (torch.stack(log_probs, dim=1) if with_log_probs else None)
