@@ -79,39 +79,45 @@ import json, resource, sys, time, torch, tempfile
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
-model_dir, steps, device, prompts = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
-bf16 = sys.argv[5] == "1"
-torch.manual_seed(0)
-tok = AutoTokenizer.from_pretrained(model_dir)
-model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-ds = Dataset.from_list([{"prompt": p} for p in prompts] * (steps + 1))
+# Everything runs inside main(): datasets hashes the functions it maps, and dill pickles a
+# function of __main__ with __main__'s globals, where a Dataset (pyarrow types) must not be.
 def sevens(prompts, completions, **kw):
     return [c.count("7") / 32 for c in completions]
 class Clock(TrainerCallback):
     # step time = interval between consecutive step ends: includes generation wherever TRL runs it
-    def __init__(self): self.ends, self.lengths = [], []
+    def __init__(self, device): self.device, self.ends, self.lengths = device, [], []
     def on_step_end(self, args, state, control, **kw):
-        if device.startswith("cuda"): torch.cuda.synchronize()
+        if self.device.startswith("cuda"): torch.cuda.synchronize()
         self.ends.append(time.perf_counter())
     def on_log(self, args, state, control, logs=None, **kw):
         if logs and "completions/mean_length" in logs: self.lengths.append(logs["completions/mean_length"])
-clock = Clock()
-cfg = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=64, num_generations=8,
-                 max_completion_length=32, temperature=1.0, top_p=1.0, top_k=0, learning_rate=1e-5, beta=0.0,
-                 max_steps=steps + 1, logging_steps=1, report_to="none",
-                 use_cpu=not device.startswith("cuda"),
-                 save_strategy="no", shuffle_dataset=False, seed=0, bf16=bf16)
-trainer = GRPOTrainer(model=model, reward_funcs=sevens, args=cfg, train_dataset=ds, processing_class=tok,
-                      callbacks=[clock])
-trainer.train()
-times = [b - a for a, b in zip(clock.ends, clock.ends[1:])]  # steps 1.. (step 0 = warm-up)
-lengths = clock.lengths[1:]
-mid = sorted(range(len(times)), key=times.__getitem__)[len(times) // 2]  # median step
-times, lengths = [times[mid]], [lengths[mid]]
-peak = (torch.cuda.max_memory_allocated() if device.startswith("cuda")
-        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-tokens = sum(l * 64 for l in lengths)
-print(json.dumps({"s_per_step": sum(times) / len(times), "tokens_per_s": tokens / sum(times), "peak": peak}))
+def main():
+    model_dir, steps, device, prompts = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
+    bf16 = sys.argv[5] == "1"
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    ds = Dataset.from_list([{"prompt": p} for p in prompts] * (steps + 1))
+    clock = Clock(device)
+    cfg = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=64, num_generations=8,
+                     max_completion_length=32, temperature=1.0, top_p=1.0, top_k=0, learning_rate=1e-5,
+                     beta=0.0,
+                     max_steps=steps + 1, logging_steps=1, report_to="none",
+                     use_cpu=not device.startswith("cuda"),
+                     save_strategy="no", shuffle_dataset=False, seed=0, bf16=bf16)
+    trainer = GRPOTrainer(model=model, reward_funcs=sevens, args=cfg, train_dataset=ds, processing_class=tok,
+                          callbacks=[clock])
+    trainer.train()
+    times = [b - a for a, b in zip(clock.ends, clock.ends[1:])]  # steps 1.. (step 0 = warm-up)
+    lengths = clock.lengths[1:]
+    mid = sorted(range(len(times)), key=times.__getitem__)[len(times) // 2]  # median step
+    times, lengths = [times[mid]], [lengths[mid]]
+    peak = (torch.cuda.max_memory_allocated() if device.startswith("cuda")
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    tokens = sum(l * 64 for l in lengths)
+    s_per_step = sum(times) / len(times)
+    print(json.dumps({"s_per_step": s_per_step, "tokens_per_s": tokens / sum(times), "peak": peak}))
+main()
 """
 
 
@@ -136,7 +142,8 @@ def run(
         env=env,
     )
     if out.returncode:
-        raise RuntimeError(f"{python} failed:\n{out.stderr[-3000:]}")
+        err = out.stderr if len(out.stderr) <= 6000 else out.stderr[:2500] + "\n[...]\n" + out.stderr[-3500:]
+        raise RuntimeError(f"{python} failed:\n{err}")
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -170,7 +177,10 @@ def main() -> None:
             res = _measure(side, a, model_dir)
             if res is not None:
                 results[side].append(res)
-                print(f"round {r} {side:<18} {res['s_per_step']:.3f} s/step", flush=True)
+                print(
+                    f"round {r} {side:<18} {res['s_per_step']:.3f} s/step, "
+                    f"{res['tokens_per_s']:.0f} tokens/s, peak {res['peak'] / 2**20:.0f} MiB", flush=True,
+                )  # fmt: skip
     _report(results)
 
 

@@ -226,9 +226,9 @@ class GRPOTrainer(TrainerStateMixin):
                 f"grpo.llm.policy.LMHeadInputs (grpo.llm.CausalLMPolicy has it). Set "
                 f"use_liger_loss=False for this policy."
             )
-        from grpo.llm.liger import LigerGRPOLoss  # ImportError naming liger-kernel when missing
+        from grpo.llm.liger import LigerGRPOLoss, compile_liger_loss  # ImportError names liger-kernel
 
-        return LigerGRPOLoss(self.config, compiled=self.device.type == "cuda")
+        return LigerGRPOLoss(self.config, compiled=compile_liger_loss(self.device))
 
     def _start_engine(self) -> None:
         """The sampler's log-probs must come from somewhere: an engine with its own weights

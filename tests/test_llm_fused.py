@@ -197,6 +197,25 @@ def test_liger_loss_without_the_package_says_how_to_install() -> None:
         LigerGRPOLoss(GRPOConfig())
 
 
+@pytest.mark.parametrize(
+    ("device", "version", "compiled"),
+    [
+        ("cuda", "2.11.0+cu130", False),  # the torch whose dynamo failed on an H200 (2026-11-27)
+        ("cuda", "2.12.1", False),
+        ("cuda", "2.13.0", True),
+        ("cuda", "2.14.1+cu128", True),
+        ("cuda", "3.0.0", True),
+        ("cpu", "2.13.0+cpu", False),
+    ],
+)
+def test_the_trainer_compiles_liger_only_on_cuda_from_torch_2_13(
+    device: str, version: str, compiled: bool
+) -> None:
+    from grpo.llm.liger import compile_liger_loss
+
+    assert compile_liger_loss(torch.device(device), version) is compiled
+
+
 def _default_path_loss(
     config: GRPOConfig, hidden: torch.Tensor, weight: torch.Tensor, batch: dict[str, torch.Tensor]
 ) -> torch.Tensor:

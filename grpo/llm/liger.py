@@ -34,8 +34,13 @@ log-probs the first epoch computes them with one more no-grad LM-head pass.
 Status: the loss, its config checks, its equality with the default path (loss and gradients) and
 a `GRPOTrainer` step with ``use_liger_loss=True`` against the default step (weights and the
 reported metrics; tests/test_llm_fused.py, marker ``gpu``; benchmarks/GPU.md has the commands)
-were checked on CPU with liger-kernel 0.8.5 (``GRPO_TEST_GPU_DEVICE=cpu``, ``compiled=False``);
-not yet on CUDA. Under torch.distributed, Liger's "cispo" normaliser is its own all-reduced token
+were checked on CPU with liger-kernel 0.8.5 (``GRPO_TEST_GPU_DEVICE=cpu``, uncompiled, and compiled
+with torch 2.13's CPU inductor) and on an H200 (torch 2.11.0+cu130, transformers 5.17, 2026-11-27):
+the loss and gradient equality compiled, the trainer step uncompiled. Compiled on that torch, the
+trainer step with two epochs and micro-batches of one row fails inside dynamo when Liger's loss is
+recompiled for a new shape ("sources must not be empty for symbol s37", a torch guard error), so
+`GRPOTrainer` compiles Liger's loss only on CUDA with torch >= 2.13 (`compile_liger_loss`).
+Under torch.distributed, Liger's "cispo" normaliser is its own all-reduced token
 count / world size, which the rescaling here does not model (not checked).
 """
 
@@ -56,7 +61,27 @@ from grpo.llm.logprobs import chunked_token_logprobs
 if TYPE_CHECKING:
     from grpo.llm.policy import LMHeadInputs
 
-__all__ = ["LIGER_LOSS_TYPES", "OMITTED_METRICS", "LigerGRPOLoss", "liger_config_problems", "require_liger"]
+__all__ = [
+    "LIGER_LOSS_TYPES",
+    "OMITTED_METRICS",
+    "LigerGRPOLoss",
+    "compile_liger_loss",
+    "liger_config_problems",
+    "require_liger",
+]
+
+COMPILED_FROM = (2, 13)
+"""The first torch release whose dynamo compiled Liger's loss through a whole trainer step here
+(torch 2.13 CPU inductor; torch 2.11 + CUDA failed, see the module docstring)."""
+
+
+def compile_liger_loss(device: torch.device, torch_version: str = torch.__version__) -> bool:
+    """Whether `GRPOTrainer` compiles Liger's loss (Liger's ``compiled``): on CUDA with torch >=
+    `COMPILED_FROM`. Uncompiled, the loss is the same function, only slower; on the CPU Liger's
+    compiled path gains nothing worth an inductor build."""
+    release = tuple(int(p) for p in torch_version.split("+")[0].split(".")[:2])
+    return device.type == "cuda" and release >= COMPILED_FROM
+
 
 OMITTED_METRICS: frozenset[str] = frozenset(
     {"loss/policy", "loss/kl", "loss/entropy", "kl/old", "policy/entropy", "ratio/mean", "ratio/min",
