@@ -4,10 +4,12 @@ the same random hyperparameters, in samples (or env steps) until a target.
 For each repeat r (seeded), 4 starting points are drawn log-uniformly from the declared ranges
 (`grpo.population.sample_hyperparameters(hp_config, 4, seed=1000 + r)`: learning rate in
 [1e-5, 1e-1], clip epsilon in [0.05, 0.4]). Each point trains alone (no mutation) until its fitness
-reaches the target or its budget runs out; the fitness is checked every generation's worth of
-steps, as the population checks it. The population of the same 4 points evolves (tournament of
-2, elitism, one mutation per copy: x0.5 / x2 within the ranges) until its best member reaches the
-target; its cost is the samples of all 4 members together.
+reaches the target or its budget runs out; its fitness is checked after every trainer step, and
+those checks are free (not in its cost): an independent run is charged only for its training. The
+population of the same 4 points evolves (a generation of ``--steps-per-generation`` trainer steps,
+1 by default: tournament of 2, elitism, one mutation per copy: x0.5 / x2 within the ranges) until
+its best member reaches the target; its cost is everything all 4 members drew, their training
+samples or env steps and the env steps of every fitness evaluation (CartPole's greedy episodes).
 
 Tasks:
 
@@ -19,8 +21,14 @@ Tasks:
 - cartpole: CartPole-v1 episodes (`grpo.gym.EpisodePolicy`), ``categorical_mlp(4, 2, (64, 64))``,
   B = 4, G = 4, the ``small_policy`` preset's 10 epochs x 4 mini-batches with its adaptive
   learning rate and restart switched off (the population searches the rate); fitness = mean
-  return of 5 greedy episodes on seeds 1_000_000.. (not counted); target 475; cost = training env
-  steps; budget 150k env steps per run, the population 4 x that.
+  return of 5 greedy episodes on seeds 1_000_000.. (counted for the population, free for the
+  independent runs); target 475; cost = env steps; budget 150k env steps per run, the population
+  4 x that.
+
+``--hp all`` declares every hyperparameter issue 31 names for control tasks (learning rate, clip
+epsilon, KL weight in [1e-3, 1], entropy weight in [1e-4, 0.1], group size in [2, 16]); the 4
+starting points and the mutations then cover all five, and the cost counts the samples or env
+steps each member actually drew (its own group size).
 
 A run that never reaches the target counts as never (inf). Output: one table per task and a
 summary line per task (median over repeats of the ratio population / median independent).
@@ -49,11 +57,23 @@ from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
 from grpo.population import HyperparameterConfig, Member, RLParameter, population, sample_hyperparameters
 from grpo.training.stall_watch import StallWarning
 
-HP_CONFIG = HyperparameterConfig(
-    learning_rate=RLParameter(min=1e-5, max=1e-1, shrink_factor=0.5, grow_factor=2.0),
-    clip_epsilon=RLParameter(min=0.05, max=0.4),
-)
+HP_CONFIGS = {
+    # the learning rate and the clip range (the first benchmark)
+    "lr-clip": HyperparameterConfig(
+        learning_rate=RLParameter(min=1e-5, max=1e-1, shrink_factor=0.5, grow_factor=2.0),
+        clip_epsilon=RLParameter(min=0.05, max=0.4),
+    ),
+    # every hyperparameter issue 31 names for control tasks: + KL and entropy weights, group size
+    "all": HyperparameterConfig(
+        learning_rate=RLParameter(min=1e-5, max=1e-1, shrink_factor=0.5, grow_factor=2.0),
+        clip_epsilon=RLParameter(min=0.05, max=0.4),
+        kl_coeff=RLParameter(min=1e-3, max=1.0, shrink_factor=0.5, grow_factor=2.0),
+        entropy_coeff=RLParameter(min=1e-4, max=1e-1, shrink_factor=0.5, grow_factor=2.0),
+        group_size=RLParameter(min=2, max=16, shrink_factor=0.5, grow_factor=2.0, dtype=int),
+    ),
+}
 SIZE = 4
+EVAL_STEPS: dict[int, int] = {}  # id(trainer) -> env steps its fitness evaluations played (CartPole)
 
 
 @dataclass
@@ -64,10 +84,11 @@ class Task:
     make: Callable[[dict[str, float], int], GRPOTrainer]  # (hp, seed) -> trainer
     states: Callable[[int], Any]  # batch_size -> states (drawn on the member's RNG streams)
     fitness: Callable[[GRPOTrainer], float]
-    cost: Callable[[GRPOTrainer], int]  # samples / env steps used so far by this trainer
+    cost: Callable[[GRPOTrainer], int]  # env steps used so far by this trainer (counts_samples: unused)
     target: float
     steps_per_generation: int
     budget: int  # cost units per independent run
+    counts_samples: bool = False  # cost = sampled actions (B x G per step), counted by the harness
 
 
 # ---- contextual bandit -----------------------------------------------------------------------
@@ -82,8 +103,9 @@ def contextual_task(seed: int) -> Task:
 
     def make(hp: dict[str, float], s: int) -> GRPOTrainer:
         cfg = GRPOConfig(
-            group_size=8, batch_size=32, learning_rate=hp["learning_rate"], clip_epsilon=hp["clip_epsilon"],
-            num_epochs_per_update=2, seed=s, distributed="off",
+            group_size=int(hp.get("group_size", 8)), batch_size=32, learning_rate=hp["learning_rate"],
+            clip_epsilon=hp["clip_epsilon"], kl_coeff=hp.get("kl_coeff", 0.0),
+            entropy_coeff=hp.get("entropy_coeff", 0.0), num_epochs_per_update=2, seed=s, distributed="off",
         )  # fmt: skip
         return GRPOTrainer(cfg, categorical_mlp(16, 10, (64,)), reward)
 
@@ -92,10 +114,20 @@ def contextual_task(seed: int) -> Task:
             probs = t.policy.distribution(eval_x).probs  # type: ignore[attr-defined]
         return float(((probs * r).sum(1).mean() - uniform) / (oracle - uniform))
 
-    def cost(t: GRPOTrainer) -> int:  # every slot has taken the same steps (a clone takes its parent's count)
-        return int(t.step_count * 32 * 8)
+    def cost(t: GRPOTrainer) -> int:  # not used: the harness counts the samples (counts_samples)
+        raise NotImplementedError
 
-    return Task("contextual", make, lambda b: torch.randn(b, 16), fitness, cost, 0.95, 5, 400 * 32 * 8)
+    return Task(
+        "contextual",
+        make,
+        lambda b: torch.randn(b, 16),
+        fitness,
+        cost,
+        0.95,
+        1,
+        400 * 32 * 8,
+        counts_samples=True,
+    )
 
 
 # ---- CartPole ----------------------------------------------------------------------------------
@@ -107,8 +139,10 @@ def cartpole_task(seed: int) -> Task:
     def make(hp: dict[str, float], s: int) -> GRPOTrainer:
         policy = EpisodePolicy("CartPole-v1", categorical_mlp(4, 2, (64, 64)))
         cfg = GRPOConfig.recipe(
-            "small_policy", group_size=4, batch_size=4, learning_rate=hp["learning_rate"],
-            clip_epsilon=hp["clip_epsilon"], adaptive_lr_kl=None, reward_shift_z=None, seed=s,
+            "small_policy", group_size=int(hp.get("group_size", 4)), batch_size=4,
+            learning_rate=hp["learning_rate"], clip_epsilon=hp["clip_epsilon"],
+            kl_coeff=hp.get("kl_coeff", 0.0), entropy_coeff=hp.get("entropy_coeff", 0.0),
+            adaptive_lr_kl=None, reward_shift_z=None, seed=s,
             distributed="off",
         )  # fmt: skip
         return GRPOTrainer(cfg, policy, EpisodeRewards())
@@ -117,12 +151,14 @@ def cartpole_task(seed: int) -> Task:
         return [int(x) for x in np.random.randint(0, 2**20, size=b)]  # the member's NumPy stream
 
     def fitness(t: GRPOTrainer) -> float:
-        return float(evaluate_episodes(t.policy, "CartPole-v1", eval_seeds).mean())  # type: ignore[arg-type]
+        returns = evaluate_episodes(t.policy, "CartPole-v1", eval_seeds)  # type: ignore[arg-type]
+        EVAL_STEPS[id(t)] = EVAL_STEPS.get(id(t), 0) + int(returns.sum())  # CartPole pays 1 a step
+        return float(returns.mean())
 
     def cost(t: GRPOTrainer) -> int:
         return int(t.policy.env_steps)  # type: ignore[attr-defined]
 
-    return Task("cartpole", make, states, fitness, cost, 475.0, 5, 150_000)
+    return Task("cartpole", make, states, fitness, cost, 475.0, 1, 150_000)
 
 
 TASKS = {"contextual": contextual_task, "cartpole": cartpole_task}
@@ -130,27 +166,38 @@ TASKS = {"contextual": contextual_task, "cartpole": cartpole_task}
 
 # ---- the two sides ---------------------------------------------------------------------------
 def independent(task: Task, hp: dict[str, float], seed: int) -> float:
-    """Cost until the fitness (checked every ``steps_per_generation`` steps) reaches the target."""
+    """Training cost until the fitness, checked after every step for free, reaches the target."""
     torch.manual_seed(seed)
     np.random.seed(seed)
     t = task.make(hp, seed)
-    while task.cost(t) < task.budget:
-        for _ in range(task.steps_per_generation):
-            t.step(task.states(t.config.batch_size))
+    samples = 0
+
+    def cost() -> int:
+        return samples if task.counts_samples else task.cost(t)
+
+    while cost() < task.budget:
+        t.step(task.states(t.config.batch_size))
+        samples += t.config.batch_size * t.config.group_size
         if task.fitness(t) >= task.target:
-            return float(task.cost(t))
+            return float(cost())
     return math.inf
 
 
-def evolved(task: Task, starts: list[dict[str, float]], seed: int) -> tuple[float, float]:
+def evolved(
+    task: Task, starts: list[dict[str, float]], seed: int, hp_config: HyperparameterConfig
+) -> tuple[float, float]:
     """(total cost of all members until the best reaches the target, its final learning rate)."""
     pop = population(
-        SIZE, lambda hp: task.make(hp, seed), HP_CONFIG, hyperparameters=starts,
+        SIZE, lambda hp: task.make(hp, seed), hp_config, hyperparameters=starts,
         fitness=lambda m: task.fitness(_trainer(m)), seed=seed,
     )  # fmt: skip
     while True:
         (record,) = pop.evolve(task.steps_per_generation, task.states)
-        total = sum(task.cost(_trainer(m)) for m in pop.members)
+        total = sum(
+            (m.samples if task.counts_samples else task.cost(_trainer(m)))
+            + EVAL_STEPS.get(id(_trainer(m)), 0)
+            for m in pop.members
+        )  # training and every fitness evaluation
         if record.best_fitness >= task.target:
             return float(total), pop.members[record.elite or 0].hp["learning_rate"]
         if total >= SIZE * task.budget:
@@ -166,21 +213,31 @@ def _k(x: float) -> str:
     return "never" if math.isinf(x) else f"{x / 1000:.1f}k"
 
 
-def run_task(name: str, repeats: int) -> list[float]:
+def run_task(
+    name: str, repeats: int, steps_per_generation: int | None = None, hp: str = "lr-clip"
+) -> list[float]:
+    hp_config = HP_CONFIGS[hp]
     print(f"\n## {name}: cost until the target (k = thousands), population of {SIZE} vs independent runs")
     print("| repeat | starting learning rates | independent runs | median | population (lr found) | ratio |")
     print("| --- | --- | --- | --- | --- | --- |")
     ratios = []
     for r in range(repeats):
         task = TASKS[name](r)
-        starts = sample_hyperparameters(HP_CONFIG, SIZE, seed=1000 + r)
+        if steps_per_generation is not None:
+            task.steps_per_generation = steps_per_generation
+        starts = sample_hyperparameters(hp_config, SIZE, seed=1000 + r)
         t0 = time.perf_counter()
         alone = [independent(task, hp, seed=r) for hp in starts]
         med = statistics.median(alone)
-        pop_cost, lr = evolved(task, starts, seed=r)
+        pop_cost, lr = evolved(task, starts, seed=r, hp_config=hp_config)
         ratio = pop_cost / med if math.isfinite(med) else (0.0 if math.isfinite(pop_cost) else math.nan)
         ratios.append(ratio)  # 0: the population reached the target, the median run never did
         lrs = ", ".join(f"{h['learning_rate']:.1e}" for h in starts)
+        if hp != "lr-clip":  # the other starting values, one member a line
+            for i, h in enumerate(starts):
+                print(
+                    f"<!-- repeat {r} member {i}: " + ", ".join(f"{k} {v:.3g}" for k, v in h.items()) + " -->"
+                )
         print(
             f"| {r} | {lrs} | {', '.join(_k(a) for a in alone)} | {_k(med)} | {_k(pop_cost)} ({lr:.1e}) | "
             f"{'median never' if ratio == 0 else f'{ratio:.2f}'} | <!-- {time.perf_counter() - t0:.0f} s -->",
@@ -195,11 +252,20 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
     )
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--repeats", type=int, default=3, help="seeded repeats per task")
+    parser.add_argument(
+        "--steps-per-generation", type=int, default=None,
+        help="the population's trainer steps between two selections (default: the task's, 1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--hp", choices=list(HP_CONFIGS), default="lr-clip",
+        help="the declared hyperparameters: lr-clip (learning rate, clip epsilon) or all (+ KL and "
+        "entropy weights, group size)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     warnings.simplefilter("ignore", StallWarning)  # bad starting rates stall: that is the point
     torch.set_num_threads(1)
-    out = {name: run_task(name, args.repeats) for name in args.tasks}
+    out = {name: run_task(name, args.repeats, args.steps_per_generation, args.hp) for name in args.tasks}
     print()
     for name, ratios in out.items():
         wins = sum(1 for x in ratios if x < 1)
