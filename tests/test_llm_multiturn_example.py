@@ -152,15 +152,24 @@ def test_rewards_and_opening_on_conversations() -> None:
 
 @pytest.mark.slow
 def test_full_run_uses_the_replies() -> None:
-    """The default budget (600 steps, about 2 minutes on a loaded 2-core CPU): success after
-    training well above what any reply-ignoring policy can reach (0.3 in 3 turns)."""
+    """The default budget (600 steps, about 2 minutes on a loaded 2-core CPU): the learned opening
+    follows the environment's replies (after "lower" the second guess is below the first, after
+    "higher" above it), and success rises well past the untrained policy's.
+
+    The success reached varies with the seed and, through floating-point results, with the CPU:
+    0.570 for seed 0 on the machine of 2026-11-25, 0.325 on one of 2026-11-27 (benchmarks/
+    RESULTS.md), so the test checks what the run learned rather than one machine's figure."""
     out = run_script("--log-every", "100", timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     m = re.search(r"evaluation.*success (\d\.\d+) -> (\d\.\d+)", out.stdout)
     assert m is not None, out.stdout
     before, after = float(m[1]), float(m[2])
     assert before < 0.2
-    assert after >= 0.45, out.stdout
+    assert after > before + 0.15, out.stdout
     t = re.search(r"training, .*success (\d\.\d+) -> (\d\.\d+)", out.stdout)
     assert t is not None
-    assert float(t[2]) > float(t[1]) + 0.3, out.stdout
+    assert float(t[2]) > float(t[1]) + 0.2, out.stdout
+    o = re.search(r"opening after:\s+(\d), then lower -> (\d) \(\d+%\), higher -> (\d)", out.stdout)
+    assert o is not None, out.stdout
+    first, after_lower, after_higher = (int(x) for x in o.groups())
+    assert after_lower < first < after_higher, out.stdout  # a reply-ignoring policy cannot do this
