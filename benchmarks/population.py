@@ -3,27 +3,35 @@ the same random hyperparameters, in samples (or env steps) until a target.
 
 For each repeat r (seeded), 4 starting points are drawn log-uniformly from the declared ranges
 (`grpo.population.sample_hyperparameters(hp_config, 4, seed=1000 + r)`: learning rate in
-[1e-5, 1e-1], clip epsilon in [0.05, 0.4]). Each point trains alone (no mutation) until its fitness
-reaches the target or its budget runs out; its fitness is checked after every trainer step, and
-those checks are free (not in its cost): an independent run is charged only for its training. The
-population of the same 4 points evolves (a generation of ``--steps-per-generation`` trainer steps,
-1 by default: tournament of 2, elitism, one mutation per copy: x0.5 / x2 within the ranges) until
-its best member reaches the target; its cost is everything all 4 members drew, their training
-samples or env steps and the env steps of every fitness evaluation (CartPole's greedy episodes).
+[1e-5, 1e-1], clip epsilon in [0.05, 0.4]). Each point trains alone (no mutation) until its score
+(the measure the target is on) reaches the target or its budget runs out; its score is checked
+after every trainer step, and those checks are free (not in its cost): an independent run is
+charged only for its training. Run i is built and trained on the seeds of the population's slot
+i, so the population's generation 0 is exactly the independent runs' first steps. The population
+of the same 4 points evolves (a generation of ``--steps-per-generation`` trainer steps, 1 by
+default: tournament of 2, elitism, one mutation per copy: x0.5 / x2 within the ranges) until its
+best member reaches the target; its cost is everything all 4 members drew. ``--fitness`` picks
+what the selection ranks:
+
+- eval (default): the score itself; its env steps (CartPole's greedy episodes) are charged to
+  the population, since they choose the parents.
+- train: the generation's mean training reward (``member.step_metrics``, already paid for); the
+  score is then checked on every member for free, as the independent runs' is. Costs the same
+  as eval where the score plays no env steps (the contextual bandit's is exact), and selects on
+  a noisier measure there.
 
 Tasks:
 
 - contextual: the contextual bandit of examples/population.py (16-dim contexts, 10 arms,
-  ``categorical_mlp(16, 10, (64,))``, B = 32, G = 8, 2 epochs); fitness = expected reward over
+  ``categorical_mlp(16, 10, (64,))``, B = 32, G = 8, 2 epochs); score = expected reward over
   the oracle's (0 = uniform arms, 1 = the oracle), exact over 2,000 fixed contexts; target 0.95;
   cost = sampled actions (B x G per step); budget 400 steps per run (102,400 samples), the
   population 4 x that.
 - cartpole: CartPole-v1 episodes (`grpo.gym.EpisodePolicy`), ``categorical_mlp(4, 2, (64, 64))``,
   B = 4, G = 4, the ``small_policy`` preset's 10 epochs x 4 mini-batches with its adaptive
-  learning rate and restart switched off (the population searches the rate); fitness = mean
-  return of 5 greedy episodes on seeds 1_000_000.. (counted for the population, free for the
-  independent runs); target 475; cost = env steps; budget 150k env steps per run, the population
-  4 x that.
+  learning rate and restart switched off (the population searches the rate); score = mean
+  return of 5 greedy episodes on seeds 1_000_000..; target 475; cost = env steps; budget 150k env
+  steps per run, the population 4 x that.
 
 ``--hp all`` declares every hyperparameter issue 31 names for control tasks (learning rate, clip
 epsilon, KL weight in [1e-3, 1], entropy weight in [1e-4, 0.1], group size in [2, 16]); the 4
@@ -35,6 +43,7 @@ summary line per task (median over repeats of the ratio population / median inde
 
     python benchmarks/population.py                          # both tasks, 3 repeats
     python benchmarks/population.py --tasks contextual --repeats 1
+    python benchmarks/population.py --tasks cartpole --fitness train
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import random
 import statistics
 import time
 import warnings
@@ -55,6 +65,7 @@ from torch import Tensor
 
 from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
 from grpo.population import HyperparameterConfig, Member, RLParameter, population, sample_hyperparameters
+from grpo.population.population import member_seed
 from grpo.training.stall_watch import StallWarning
 
 HP_CONFIGS = {
@@ -73,7 +84,6 @@ HP_CONFIGS = {
     ),
 }
 SIZE = 4
-EVAL_STEPS: dict[int, int] = {}  # id(trainer) -> env steps its fitness evaluations played (CartPole)
 
 
 @dataclass
@@ -83,7 +93,7 @@ class Task:
     name: str
     make: Callable[[dict[str, float], int], GRPOTrainer]  # (hp, seed) -> trainer
     states: Callable[[int], Any]  # batch_size -> states (drawn on the member's RNG streams)
-    fitness: Callable[[GRPOTrainer], float]
+    score: Callable[[GRPOTrainer], tuple[float, int]]  # (the measure the target is on, env steps it played)
     cost: Callable[[GRPOTrainer], int]  # env steps used so far by this trainer (counts_samples: unused)
     target: float
     steps_per_generation: int
@@ -109,10 +119,10 @@ def contextual_task(seed: int) -> Task:
         )  # fmt: skip
         return GRPOTrainer(cfg, categorical_mlp(16, 10, (64,)), reward)
 
-    def fitness(t: GRPOTrainer) -> float:
+    def score(t: GRPOTrainer) -> tuple[float, int]:
         with torch.no_grad():
             probs = t.policy.distribution(eval_x).probs  # type: ignore[attr-defined]
-        return float(((probs * r).sum(1).mean() - uniform) / (oracle - uniform))
+        return float(((probs * r).sum(1).mean() - uniform) / (oracle - uniform)), 0  # exact: no samples
 
     def cost(t: GRPOTrainer) -> int:  # not used: the harness counts the samples (counts_samples)
         raise NotImplementedError
@@ -121,7 +131,7 @@ def contextual_task(seed: int) -> Task:
         "contextual",
         make,
         lambda b: torch.randn(b, 16),
-        fitness,
+        score,
         cost,
         0.95,
         1,
@@ -150,26 +160,41 @@ def cartpole_task(seed: int) -> Task:
     def states(b: int) -> list[int]:
         return [int(x) for x in np.random.randint(0, 2**20, size=b)]  # the member's NumPy stream
 
-    def fitness(t: GRPOTrainer) -> float:
+    def score(t: GRPOTrainer) -> tuple[float, int]:
         returns = evaluate_episodes(t.policy, "CartPole-v1", eval_seeds)  # type: ignore[arg-type]
-        EVAL_STEPS[id(t)] = EVAL_STEPS.get(id(t), 0) + int(returns.sum())  # CartPole pays 1 a step
-        return float(returns.mean())
+        return float(returns.mean()), int(returns.sum())  # CartPole pays 1 a step
 
     def cost(t: GRPOTrainer) -> int:
         return int(t.policy.env_steps)  # type: ignore[attr-defined]
 
-    return Task("cartpole", make, states, fitness, cost, 475.0, 1, 150_000)
+    return Task("cartpole", make, states, score, cost, 475.0, 1, 150_000)
 
 
 TASKS = {"contextual": contextual_task, "cartpole": cartpole_task}
 
 
 # ---- the two sides ---------------------------------------------------------------------------
-def independent(task: Task, hp: dict[str, float], seed: int) -> float:
-    """Training cost until the fitness, checked after every step for free, reaches the target."""
-    torch.manual_seed(seed)
-    np.random.seed(seed)
+def _seed_globals(s: int) -> None:
+    random.seed(s)
+    np.random.seed(s)
+    torch.manual_seed(s)
+
+
+def start_like_slot(task: Task, hp: dict[str, float], seed: int, index: int) -> GRPOTrainer:
+    """A trainer built as `population(..., seed=seed)` builds slot ``index`` (on the slot's seed),
+    with the global RNGs then on the slot's training streams (grpo/population/population.py)."""
+    s = member_seed(seed, index)
+    _seed_globals(s)
     t = task.make(hp, seed)
+    _seed_globals(s ^ 0x5EED)
+    return t
+
+
+def independent(task: Task, hp: dict[str, float], seed: int, index: int) -> float:
+    """Training cost until the score, checked after every step for free, reaches the target. Run
+    ``index`` starts exactly as the population's slot ``index`` does (built and then trained on
+    that slot's seeds), so generation 0 of the population is these runs' first steps."""
+    t = start_like_slot(task, hp, seed, index)
     samples = 0
 
     def cost() -> int:
@@ -178,28 +203,46 @@ def independent(task: Task, hp: dict[str, float], seed: int) -> float:
     while cost() < task.budget:
         t.step(task.states(t.config.batch_size))
         samples += t.config.batch_size * t.config.group_size
-        if task.fitness(t) >= task.target:
+        if task.score(t)[0] >= task.target:
             return float(cost())
     return math.inf
 
 
 def evolved(
-    task: Task, starts: list[dict[str, float]], seed: int, hp_config: HyperparameterConfig
+    task: Task, starts: list[dict[str, float]], seed: int, hp_config: HyperparameterConfig, fitness: str
 ) -> tuple[float, float]:
-    """(total cost of all members until the best reaches the target, its final learning rate)."""
+    """(total cost of all members until the best reaches the target, its learning rate then).
+
+    ``fitness="eval"``: selection on the score itself, its env steps charged to the population.
+    ``fitness="train"``: selection on the generation's mean training reward (already paid for);
+    the score is then checked on every member for free, as the independent runs' is."""
+    played = [0] * SIZE  # env steps of the charged evaluations, per slot
+    checked = [-math.inf] * SIZE  # each slot's score this generation, before selection
+
+    def evaluation(m: Member) -> float:
+        value, steps = task.score(_trainer(m))
+        played[m.index] += steps
+        checked[m.index] = value
+        return value
+
+    def training_reward(m: Member) -> float:
+        checked[m.index] = task.score(_trainer(m))[0]  # free: the independent runs' check
+        return statistics.fmean(row["reward/mean"] for row in m.step_metrics)
+
     pop = population(
         SIZE, lambda hp: task.make(hp, seed), hp_config, hyperparameters=starts,
-        fitness=lambda m: task.fitness(_trainer(m)), seed=seed,
+        fitness=evaluation if fitness == "eval" else training_reward, seed=seed,
     )  # fmt: skip
     while True:
-        (record,) = pop.evolve(task.steps_per_generation, task.states)
+        lrs = [m.hp["learning_rate"] for m in pop.members]  # before selection changes them
+        pop.evolve(task.steps_per_generation, task.states)
         total = sum(
-            (m.samples if task.counts_samples else task.cost(_trainer(m)))
-            + EVAL_STEPS.get(id(_trainer(m)), 0)
+            (m.samples if task.counts_samples else task.cost(_trainer(m))) + played[m.index]
             for m in pop.members
-        )  # training and every fitness evaluation
-        if record.best_fitness >= task.target:
-            return float(total), pop.members[record.elite or 0].hp["learning_rate"]
+        )  # training, and every charged evaluation
+        best = max(range(SIZE), key=lambda i: checked[i])
+        if checked[best] >= task.target:
+            return float(total), lrs[best]
         if total >= SIZE * task.budget:
             return math.inf, math.nan
 
@@ -214,7 +257,11 @@ def _k(x: float) -> str:
 
 
 def run_task(
-    name: str, repeats: int, steps_per_generation: int | None = None, hp: str = "lr-clip"
+    name: str,
+    repeats: int,
+    steps_per_generation: int | None = None,
+    hp: str = "lr-clip",
+    fitness: str = "eval",
 ) -> list[float]:
     hp_config = HP_CONFIGS[hp]
     print(f"\n## {name}: cost until the target (k = thousands), population of {SIZE} vs independent runs")
@@ -227,9 +274,9 @@ def run_task(
             task.steps_per_generation = steps_per_generation
         starts = sample_hyperparameters(hp_config, SIZE, seed=1000 + r)
         t0 = time.perf_counter()
-        alone = [independent(task, hp, seed=r) for hp in starts]
+        alone = [independent(task, hp, seed=r, index=i) for i, hp in enumerate(starts)]
         med = statistics.median(alone)
-        pop_cost, lr = evolved(task, starts, seed=r, hp_config=hp_config)
+        pop_cost, lr = evolved(task, starts, seed=r, hp_config=hp_config, fitness=fitness)
         ratio = pop_cost / med if math.isfinite(med) else (0.0 if math.isfinite(pop_cost) else math.nan)
         ratios.append(ratio)  # 0: the population reached the target, the median run never did
         lrs = ", ".join(f"{h['learning_rate']:.1e}" for h in starts)
@@ -261,11 +308,19 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
         help="the declared hyperparameters: lr-clip (learning rate, clip epsilon) or all (+ KL and "
         "entropy weights, group size)",
     )  # fmt: skip
+    parser.add_argument(
+        "--fitness", choices=["eval", "train"], default="eval",
+        help="the population's fitness: eval (the target's own measure, its env steps charged) or "
+        "train (the generation's mean training reward, free; the target then checked for free)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     warnings.simplefilter("ignore", StallWarning)  # bad starting rates stall: that is the point
     torch.set_num_threads(1)
-    out = {name: run_task(name, args.repeats, args.steps_per_generation, args.hp) for name in args.tasks}
+    out = {
+        name: run_task(name, args.repeats, args.steps_per_generation, args.hp, args.fitness)
+        for name in args.tasks
+    }
     print()
     for name, ratios in out.items():
         wins = sum(1 for x in ratios if x < 1)

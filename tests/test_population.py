@@ -4,8 +4,10 @@ their own test files)."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -308,6 +310,26 @@ def test_default_fitness_is_the_evaluation_reward() -> None:
         del t
 
 
+def test_fitness_can_read_the_generations_step_metrics() -> None:
+    seen: list[list[dict[str, float]]] = []
+
+    def training_reward(m: Member) -> float:
+        seen.append(m.step_metrics)
+        return m.step_metrics[-1]["reward/mean"]
+
+    sink = ListSink()
+    pop = population(
+        2, make_bandit, LR_ONLY, hyperparameters={"learning_rate": 0.05},
+        fitness=training_reward, sinks=[sink],
+    )  # fmt: skip
+    pop.evolve(3, STATES, 2)
+    assert [len(s) for s in seen] == [3, 3, 3, 3]  # 2 generations x 2 slots, 3 steps each
+    # the metrics are this generation's: member i's third step, as the sinks got it
+    for g in range(2):
+        row = sink.rows[3 * g + 2][1]
+        assert list(pop.history[g].fitness) == [row["member0/reward/mean"], row["member1/reward/mean"]]
+
+
 class ListSink:
     def __init__(self) -> None:
         self.rows: list[tuple[int, dict[str, float]]] = []
@@ -344,8 +366,6 @@ def test_sinks_get_member_prefixed_metrics_and_the_lineage_plots(tmp_path: Path)
 
 def test_example_runs_with_a_tiny_budget() -> None:
     """examples/population.py end to end (2 generations of 2 steps)."""
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location("population_example", ROOT / "examples" / "population.py")
     assert spec is not None
     assert spec.loader is not None
@@ -354,3 +374,31 @@ def test_example_runs_with_a_tiny_budget() -> None:
     out = module.main(["--generations", "2", "--steps", "2"])
     assert set(out) == {"alone", "population"}
     assert math.isfinite(out["population"])
+
+
+def test_benchmark_independent_runs_are_the_populations_generation_zero(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """benchmarks/population.py's promise: independent run i starts exactly as slot i (same
+    weights, same RNG streams), so the population's first fitness values are the runs' first
+    scores."""
+    spec = importlib.util.spec_from_file_location("population_bench", ROOT / "benchmarks" / "population.py")
+    assert spec is not None
+    assert spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)  # its dataclass looks itself up there
+    spec.loader.exec_module(bench)
+    task = bench.TASKS["contextual"](0)
+    starts = sample_hyperparameters(bench.HP_CONFIGS["lr-clip"], 4, seed=1000)
+    firsts = []
+    for i, hp in enumerate(starts):
+        t = bench.start_like_slot(task, hp, 0, i)
+        t.step(task.states(t.config.batch_size))
+        firsts.append(task.score(t)[0])
+    pop = population(
+        4, lambda hp: task.make(hp, 0), bench.HP_CONFIGS["lr-clip"], hyperparameters=starts,
+        fitness=lambda m: task.score(m.require_trainer())[0], seed=0,
+    )  # fmt: skip
+    (record,) = pop.evolve(1, task.states)
+    assert list(record.fitness) == firsts
+    assert len(set(firsts)) == 4  # four different runs, not one run four times

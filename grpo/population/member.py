@@ -23,6 +23,10 @@ class Member:
             per process under torchrun).
         fitness: the fitness measured at the end of each generation, oldest first.
         samples: actions sampled by this slot's trainer steps so far (states x G per step).
+        step_metrics: the metrics of the slot's trainer steps in the current generation, one dict
+            per step, set before its fitness is measured (on the process that trains the slot).
+            A fitness on the training reward costs nothing more:
+            ``fitness=lambda m: m.step_metrics[-1]["reward/mean"]``.
         rng: the slot's own process-global RNG streams (``grpo.state.checkpoint.capture_rng``):
             put in place while the slot trains, so each slot draws the same numbers however many
             slots a process holds.
@@ -33,6 +37,7 @@ class Member:
     trainer: GRPOTrainer | None = None
     fitness: list[float] = field(default_factory=list)
     samples: int = 0
+    step_metrics: list[dict[str, float]] = field(default_factory=list)
     rng: tuple[Any, ...] | None = None
 
     def require_trainer(self) -> GRPOTrainer:

@@ -5,7 +5,8 @@ One generation (`Population.evolve`), for P slots::
     1. train     each slot's trainer takes N steps on its own RNG streams (slots one after
                  another, or one per process under torchrun: grpo/population/layout.py)
     2. fitness   f_i = fitness(member_i), by default the evaluation reward
-                 ``trainer.evaluate(eval_states, seed=eval_seed)["eval/reward/mean"]``
+                 ``trainer.evaluate(eval_states, seed=eval_seed)["eval/reward/mean"]``; the
+                 generation's step metrics are in ``member_i.step_metrics`` (a free fitness)
     3. select    tournament selection with elitism (grpo/population/selection.py): parent[j]
     4. clone     slot j <- parent[j]'s trainer state (``trainer.load_state_dict(parent.state_dict())``:
                  weights, optimizer moments, LR schedule, counters) and hyperparameters
@@ -89,7 +90,9 @@ class Population:
         hyperparameters: each slot's starting hyperparameters (P dicts), within ``hp_config``'s ranges.
         hp_config: the hyperparameters to mutate and their ranges (`HyperparameterConfig`).
         eval_states: the states of the default fitness (``trainer.evaluate``'s mean reward).
-        fitness: ``fitness(member) -> float`` (higher is better) in place of the evaluation.
+        fitness: ``fitness(member) -> float`` (higher is better) in place of the evaluation;
+            ``member.step_metrics`` holds the generation's step metrics (the training reward:
+            ``lambda m: m.step_metrics[-1]["reward/mean"]``, no extra samples).
         eval_seed: the evaluation's fixed seed (the same samples' randomness for every slot).
         seed: seeds the selection, the mutations and the slots' RNG streams.
         tournament_size: entrants per tournament (k).
@@ -270,6 +273,7 @@ class Population:
                 states = next(batches)
                 out.append(trainer.step(states))
                 member.samples += (num_states(states) or 0) * trainer.config.group_size
+        member.step_metrics = out
         return out
 
     def _fitness(self, member: Member) -> float:
