@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import random
 import statistics
 import time
 import warnings
@@ -65,7 +64,7 @@ from torch import Tensor
 
 from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
 from grpo.population import HyperparameterConfig, Member, RLParameter, population, sample_hyperparameters
-from grpo.population.population import member_seed
+from grpo.population.population import _seed_globals, member_seed
 from grpo.training.stall_watch import StallWarning
 
 HP_CONFIGS = {
@@ -174,12 +173,6 @@ TASKS = {"contextual": contextual_task, "cartpole": cartpole_task}
 
 
 # ---- the two sides ---------------------------------------------------------------------------
-def _seed_globals(s: int) -> None:
-    random.seed(s)
-    np.random.seed(s)
-    torch.manual_seed(s)
-
-
 def start_like_slot(task: Task, hp: dict[str, float], seed: int, index: int) -> GRPOTrainer:
     """A trainer built as `population(..., seed=seed)` builds slot ``index`` (on the slot's seed),
     with the global RNGs then on the slot's training streams (grpo/population/population.py)."""
