@@ -14,7 +14,7 @@ from torch.distributions import Categorical
 
 from grpo import DistributionPolicy, categorical_mlp
 
-# DeepSpeed JIT-builds its C++ ops (about a minute on 2 cores, see README) into
+# DeepSpeed JIT-builds its C++ ops (about a minute on 2 cores, see docs/scaling.md) into
 # TORCH_EXTENSIONS_DIR. torch's default, ~/.cache/torch_extensions, is shared by every process and
 # checkout on the machine, so a build killed there (a timed-out test) leaves a lock file that makes
 # every later DeepSpeed run wait. The tests build into a directory of this checkout instead
