@@ -476,3 +476,44 @@ def test_grpo_train_reports_a_killed_worker_once_and_leaves_nothing(tmp_path) ->
     assert "Traceback" not in done.stderr, done.stderr[-5000:]
     assert "leaked semaphore" not in done.stderr, done.stderr[-5000:]
     assert sorted(p.name for p in tmp.iterdir() if p.name.startswith("grpo-worker-")) == []
+
+
+def test_a_model_copy_whose_trainer_died_is_removed_by_the_next_one(tmp_path, monkeypatch) -> None:
+    """The copies nobody could remove (the trainer killed while saving, before its worker existed,
+    or trainer and worker killed at once) go at the next `owned_temp_dir`: a copy is removed once
+    the process that made it is dead, never while it lives; a directory without ``.owner`` stays."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from grpo.generation.worker_lifetime import owned_temp_dir, remove_abandoned_dirs, remove_owned_dir
+
+    module = ROOT / "grpo" / "generation" / "worker_lifetime.py"  # stdlib only: no torch import
+    make = (
+        "import importlib.util as u, sys, time; s = u.spec_from_file_location('lifetime', sys.argv[1]); "
+        "m = u.module_from_spec(s); s.loader.exec_module(m); "
+        "print(m.owned_temp_dir('grpo-worker-'), flush=True); time.sleep(600)"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", make, str(module)], stdout=subprocess.PIPE, text=True, env=_env(tmp_path)
+    )
+    try:
+        assert child.stdout is not None
+        theirs = Path(child.stdout.readline().strip())
+        assert theirs.parent == tmp_path
+        assert (theirs / ".owner").exists()
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+        foreign = tmp_path / "grpo-worker-not-ours"
+        foreign.mkdir()
+        mine = owned_temp_dir("grpo-worker-")
+        assert remove_abandoned_dirs("grpo-worker-") == []  # both owners live
+    finally:
+        child.kill()
+        child.wait()
+    assert theirs.exists()
+    assert remove_abandoned_dirs("grpo-worker-") == [str(theirs)]
+    assert not theirs.exists()
+    assert foreign.exists()
+    assert Path(mine).exists()
+    remove_owned_dir(mine)
+    assert not Path(mine).exists()

@@ -21,6 +21,10 @@ the previous sync (`WorkerEngine.sync` waits for that ack first). A generation s
 never reads the buffers, so the wait costs nothing when the worker is ahead (async rollouts: the
 ack of sync ``s`` arrives before the generation the trainer needs next).
 
+Lifetime: the worker removes ``for_policy``'s saved copy once it has built its policy, and exits
+(removing the copy if it is still there) when the trainer dies, whatever killed it
+(`grpo.generation.worker_lifetime`); the trainer removes the copy and stops the worker at close.
+
 Reproducibility: with ``seed``, the worker seeds torch's RNG with ``job_seed(seed, j)`` before the
 ``j``-th generation job (0, 1, ...), so a run's samples do not depend on timing. Train() submits
 one job per step, so job j is the batch of step j; a new engine first synced to version v > 0 (a
@@ -35,10 +39,8 @@ import logging
 import os
 import pickle
 import queue
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -53,7 +55,13 @@ import torch.multiprocessing as mp
 from torch import Tensor, nn
 
 from grpo.generation.engine import Generated
-from grpo.generation.worker_lifetime import abandon, exit_with_trainer, private_progress_lock
+from grpo.generation.worker_lifetime import (
+    abandon,
+    exit_with_trainer,
+    owned_temp_dir,
+    private_progress_lock,
+    remove_owned_dir,
+)
 from grpo.policy_base import PolicyModel, PolicyOutput, has_method, set_training_mode
 
 if TYPE_CHECKING:
@@ -311,11 +319,6 @@ def _reply_or_abandon(conn: Connection, seq: int, status: str, payload: Any, lef
         abandon(leftover)
 
 
-def _remove(directory: str | None) -> None:
-    if directory is not None:
-        shutil.rmtree(directory, ignore_errors=True)
-
-
 def _error_payload(doing: str = "") -> tuple[str, str, str]:
     """(exception type, message, traceback text) of the exception being handled."""
     import sys
@@ -380,10 +383,10 @@ def serve(
         policy = make_policy()
         set_training_mode(policy, False)
     except Exception:
-        _remove(leftover)
+        remove_owned_dir(leftover)
         _reply_or_abandon(conn, 0, "error", _error_payload("building the policy (make_policy())"), leftover)
         return
-    _remove(leftover)
+    remove_owned_dir(leftover)
     built.set()
     _reply_or_abandon(conn, 0, "ok", None, leftover)
     state = _WorkerState(policy)
@@ -510,8 +513,7 @@ class _Resources:
 
     def ready(self) -> None:
         """The worker loaded its policy: the saved copy on disk is no longer needed."""
-        if self.cleanup_dir is not None:
-            shutil.rmtree(self.cleanup_dir, ignore_errors=True)
+        remove_owned_dir(self.cleanup_dir)
 
     def shutdown(self) -> None:
         """Ask the worker to exit; terminate, then kill it if it does not within the timeout."""
@@ -624,8 +626,7 @@ class WorkerEngine:
             process.start()
         except (pickle.PicklingError, AttributeError, TypeError) as e:
             conn.close()
-            if cleanup_dir is not None:
-                shutil.rmtree(cleanup_dir, ignore_errors=True)
+            remove_owned_dir(cleanup_dir)
             raise TypeError(
                 f"make_policy={make_policy!r} cannot be sent to the worker process ({e}); it must be "
                 f"picklable: a module-level function, or functools.partial(module_level_fn, ...)."
@@ -668,7 +669,7 @@ class WorkerEngine:
                 f"WorkerEngine(make_policy, seed=...), make_policy a picklable function that builds "
                 f"the same policy in the worker, and pass it as GRPOTrainer(..., engine=engine)."
             )
-        directory = tempfile.mkdtemp(prefix="grpo-worker-")
+        directory = owned_temp_dir("grpo-worker-")  # removes copies whose trainer was killed
         try:
             make = functools.partial(
                 load_causal_lm_policy,
@@ -679,7 +680,7 @@ class WorkerEngine:
                 device=str(policy.device) if device is None else device,
             )
         except BaseException:
-            shutil.rmtree(directory, ignore_errors=True)
+            remove_owned_dir(directory)
             raise
         return cls(make, seed=seed, name=name, num_threads=num_threads, cleanup_dir=directory)
 

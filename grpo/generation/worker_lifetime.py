@@ -14,8 +14,11 @@
   before the policy was built (`grpo.generation.worker._read_commands`).
 
 What the worker cannot do: clean up when it is killed itself (SIGKILL) before it built its policy
-and removed the copy. Its trainer does that (`WorkerEngine`'s clean-up); when both are killed at
-once, nothing runs and the copy stays.
+and removed the copy. Its trainer does that (`WorkerEngine`'s clean-up). When nobody can (the
+trainer killed while it saves the copy, before the worker exists, or both killed at once), the copy
+is removed by the next `owned_temp_dir` in the same temporary directory: each copy's directory holds
+a ``.owner`` file that its trainer keeps locked (``flock``) for as long as it lives, and the kernel
+drops the lock however the trainer ends.
 """
 
 from __future__ import annotations
@@ -27,10 +30,23 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import threading
+from pathlib import Path
 from types import FrameType
 
-__all__ = ["DEATH_SIGNAL", "abandon", "exit_with_trainer", "private_progress_lock"]
+__all__ = [
+    "DEATH_SIGNAL",
+    "abandon",
+    "exit_with_trainer",
+    "owned_temp_dir",
+    "private_progress_lock",
+    "remove_abandoned_dirs",
+    "remove_owned_dir",
+]
+
+_OWNER = ".owner"
+_leases: dict[str, int] = {}  # directory -> the descriptor that holds its .owner lock
 
 DEATH_SIGNAL = signal.SIGUSR1  # not SIGTERM: the trainer's terminate() keeps its plain meaning
 _PR_SET_PDEATHSIG = 1
@@ -79,3 +95,55 @@ def private_progress_lock() -> None:
         from tqdm import tqdm  # type: ignore[import-untyped]
 
         tqdm.set_lock(threading.RLock())
+
+
+def owned_temp_dir(prefix: str) -> str:
+    """A new directory ``$TMPDIR/<prefix>*`` whose ``.owner`` file this process keeps locked until
+    `remove_owned_dir` (or its death); first removes the abandoned ones (`remove_abandoned_dirs`)."""
+    remove_abandoned_dirs(prefix)
+    directory = tempfile.mkdtemp(prefix=prefix)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock, no later sweep
+        return directory
+    staging = os.path.join(directory, _OWNER + ".new")
+    fd = os.open(staging, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(staging, os.path.join(directory, _OWNER))  # visible only once locked
+    _leases[directory] = fd
+    return directory
+
+
+def remove_owned_dir(directory: str | None) -> None:
+    """Remove ``directory`` (idempotent) and release its `owned_temp_dir` lock."""
+    if directory is None:
+        return
+    shutil.rmtree(directory, ignore_errors=True)
+    fd = _leases.pop(directory, None)
+    if fd is not None:
+        os.close(fd)
+
+
+def remove_abandoned_dirs(prefix: str) -> list[str]:
+    """Remove the ``$TMPDIR/<prefix>*`` directories whose ``.owner`` lock nobody holds (their
+    trainer died); the ones removed. Directories without an ``.owner`` file are left alone."""
+    try:
+        import fcntl
+    except ImportError:
+        return []
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob(prefix + "*"):
+        try:
+            fd = os.open(path / _OWNER, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: its trainer lives
+            continue
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
+        finally:
+            os.close(fd)
+    return removed
