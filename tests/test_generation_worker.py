@@ -352,3 +352,168 @@ def test_completions_cross_the_pipe_packed_and_come_back_equal(tiny_dir) -> None
     actions = torch.zeros(2, 3)
     assert pack_actions(actions) is actions
     assert unpack_actions(actions) is actions
+
+
+# ---- crashes leave nothing behind -------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parent.parent
+KILL_RUN = str(ROOT / "tests" / "data" / "worker_kill_run.py")
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    """The environment of a child run: this checkout's grpo first, ``TMPDIR=tmp``."""
+    return {
+        **os.environ,
+        "TMPDIR": str(tmp),
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))),
+    }
+
+
+def _running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie (an orphan's zombie waits for init to reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
+
+
+def _kill_trainer_once_the_worker_started(
+    argv: list[str], tmp: Path, wait_for: Path | None
+) -> tuple[list[int], str]:
+    """Run ``worker_kill_run.py argv`` with ``TMPDIR=tmp``; once it printed the worker's pid (and
+    ``wait_for`` exists), SIGKILL it. Returns its children (the worker, the resource tracker),
+    still running 30 s later, and its stderr (the worker's too)."""
+    import subprocess
+    import sys
+    import time
+
+    env = _env(tmp)
+    proc = subprocess.Popen(
+        [sys.executable, KILL_RUN, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert proc.stdout is not None
+        line = "-"
+        while line and not line.startswith("started "):  # other lines: libraries' notices
+            line = proc.stdout.readline()
+        assert line, "the trainer exited before it started its worker"
+        deadline = time.monotonic() + 60.0
+        while wait_for is not None and not wait_for.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        children = _children(proc.pid)
+        assert int(line.split()[1]) in children
+    finally:
+        proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 30.0
+    while any(map(_running, children)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _, err = proc.communicate(timeout=30)
+    return [c for c in children if _running(c)], err
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
+def test_a_trainer_killed_while_its_worker_starts_leaves_no_worker_and_no_model_copy(
+    tiny_dir, tmp_path
+) -> None:
+    """SIGKILL the trainer right after `for_policy` saved the model copy and spawned the worker
+    (the worker is still importing): the worker does not go on to load the model, exits, and
+    removes the copy; nothing is left in the run's TMPDIR and no process runs."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    left, err = _kill_trainer_once_the_worker_started(["for_policy", str(tiny_dir)], tmp, None)
+    assert left == []
+    assert "Traceback" not in err, err[-3000:]
+    assert "BrokenPipeError" not in err, err[-3000:]
+    assert "leaked semaphore" not in err, err[-3000:]
+    assert sorted(p.name for p in tmp.iterdir() if p.name.startswith("grpo-worker-")) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
+def test_a_trainer_killed_while_its_worker_loads_stops_the_load_and_removes_the_copy(tmp_path) -> None:
+    """SIGKILL the trainer while the worker runs make_policy (a minute long): the worker exits at
+    once (parent-death signal, or the pipe's EOF) instead of finishing the load, and removes the
+    directory it was given to load from."""
+    copy = tmp_path / "grpo-worker-copy"
+    marker = tmp_path / "building"
+    left, err = _kill_trainer_once_the_worker_started(["slow", str(marker), str(copy)], tmp_path, marker)
+    assert left == []
+    assert "Traceback" not in err, err[-3000:]
+    assert not copy.exists()
+
+
+@pytest.mark.slow  # a grpo-train run (~15 s)
+def test_grpo_train_reports_a_killed_worker_once_and_leaves_nothing(tmp_path) -> None:
+    """`grpo-train --engine worker --async 1` whose worker is SIGKILLed at the third reward call:
+    one GenerationWorkerError line (no chained tracebacks, no repeat from the clean-up, no leaked
+    semaphore warning), exit code 1, no model copy in TMPDIR, no process left."""
+    import subprocess
+    import sys
+
+    from grpo.llm.tiny import build_tiny_model, build_tiny_tokenizer
+
+    model_dir = tmp_path / "model"
+    build_tiny_model(str(model_dir), build_tiny_tokenizer(str(model_dir)), hidden=16, layers=1)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(f'{{"q": "{i}+1="}}\n' for i in range(6)))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    cmd = [
+        sys.executable, "-m", "grpo.llm.cli", "--model-name", str(model_dir), "--dataset", str(data),
+        "--prompt-column", "q", "--batch-size", "2", "--num-generations", "2", "--max-new-tokens", "2",
+        "--device", "cpu", "--no-progress", "--output-dir", str(tmp_path / "run"), "--max-steps", "20",
+        "--engine", "worker", "--async", "1", "--reward", f"{KILL_RUN}:kill_the_worker",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(tmp), timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.stderr.count("GenerationWorkerError") == 1, done.stderr[-5000:]
+    assert "grpo-train: error: GenerationWorkerError: generation worker" in done.stderr
+    assert "died (killed by SIGKILL)" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr[-5000:]
+    assert "leaked semaphore" not in done.stderr, done.stderr[-5000:]
+    assert sorted(p.name for p in tmp.iterdir() if p.name.startswith("grpo-worker-")) == []
+
+
+def test_a_model_copy_whose_trainer_died_is_removed_by_the_next_one(tmp_path, monkeypatch) -> None:
+    """The copies nobody could remove (the trainer killed while saving, before its worker existed,
+    or trainer and worker killed at once) go at the next `owned_temp_dir`: a copy is removed once
+    the process that made it is dead, never while it lives; a directory without ``.owner`` stays."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from grpo.generation.worker_lifetime import owned_temp_dir, remove_abandoned_dirs, remove_owned_dir
+
+    module = ROOT / "grpo" / "generation" / "worker_lifetime.py"  # stdlib only: no torch import
+    make = (
+        "import importlib.util as u, sys, time; s = u.spec_from_file_location('lifetime', sys.argv[1]); "
+        "m = u.module_from_spec(s); s.loader.exec_module(m); "
+        "print(m.owned_temp_dir('grpo-worker-'), flush=True); time.sleep(600)"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", make, str(module)], stdout=subprocess.PIPE, text=True, env=_env(tmp_path)
+    )
+    try:
+        assert child.stdout is not None
+        theirs = Path(child.stdout.readline().strip())
+        assert theirs.parent == tmp_path
+        assert (theirs / ".owner").exists()
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+        foreign = tmp_path / "grpo-worker-not-ours"
+        foreign.mkdir()
+        mine = owned_temp_dir("grpo-worker-")
+        assert remove_abandoned_dirs("grpo-worker-") == []  # both owners live
+    finally:
+        child.kill()
+        child.wait()
+    assert theirs.exists()
+    assert remove_abandoned_dirs("grpo-worker-") == [str(theirs)]
+    assert not theirs.exists()
+    assert foreign.exists()
+    assert Path(mine).exists()
+    remove_owned_dir(mine)
+    assert not Path(mine).exists()

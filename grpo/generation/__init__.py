@@ -2,6 +2,7 @@
 
 `engine`: the `GenerationEngine` protocol, `Generated` (actions, sampler log-probs, policy
 version) and the in-process engine; `worker`: a generation worker process with weight sync;
+`worker_lifetime`: the worker dies with its trainer and leaves no model copy behind;
 `vllm_engine`: vLLM (optional extra); `async_rollouts`: `PrefetchingEngine`, generation k steps
 ahead; `setup`: `make_engine` from `GRPOConfig`.
 """

@@ -21,6 +21,10 @@ the previous sync (`WorkerEngine.sync` waits for that ack first). A generation s
 never reads the buffers, so the wait costs nothing when the worker is ahead (async rollouts: the
 ack of sync ``s`` arrives before the generation the trainer needs next).
 
+Lifetime: the worker removes ``for_policy``'s saved copy once it has built its policy, and exits
+(removing the copy if it is still there) when the trainer dies, whatever killed it
+(`grpo.generation.worker_lifetime`); the trainer removes the copy and stops the worker at close.
+
 Reproducibility: with ``seed``, the worker seeds torch's RNG with ``job_seed(seed, j)`` before the
 ``j``-th generation job (0, 1, ...), so a run's samples do not depend on timing. Train() submits
 one job per step, so job j is the batch of step j; a new engine first synced to version v > 0 (a
@@ -35,10 +39,8 @@ import logging
 import os
 import pickle
 import queue
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -53,6 +55,13 @@ import torch.multiprocessing as mp
 from torch import Tensor, nn
 
 from grpo.generation.engine import Generated
+from grpo.generation.worker_lifetime import (
+    abandon,
+    exit_with_trainer,
+    owned_temp_dir,
+    private_progress_lock,
+    remove_owned_dir,
+)
 from grpo.policy_base import PolicyModel, PolicyOutput, has_method, set_training_mode
 
 if TYPE_CHECKING:
@@ -302,6 +311,14 @@ def _reply(conn: Connection, seq: int, status: str, payload: Any) -> None:
     conn.send_bytes(data)
 
 
+def _reply_or_abandon(conn: Connection, seq: int, status: str, payload: Any, leftover: str | None) -> None:
+    """`_reply`, or (the trainer is gone) `worker_lifetime.abandon`: exit without a traceback."""
+    try:
+        _reply(conn, seq, status, payload)
+    except OSError:
+        abandon(leftover)
+
+
 def _error_payload(doing: str = "") -> tuple[str, str, str]:
     """(exception type, message, traceback text) of the exception being handled."""
     import sys
@@ -313,15 +330,20 @@ def _error_payload(doing: str = "") -> tuple[str, str, str]:
 
 
 def _read_commands(
-    conn: Connection, commands: queue.Queue[tuple[Any, ...]], closing: threading.Event
+    conn: Connection,
+    commands: queue.Queue[tuple[Any, ...]],
+    closing: threading.Event,
+    on_lost: Callable[[], None],
 ) -> None:
     """Reader thread: move commands from the pipe to ``commands`` as they come, so the trainer's
     sends never wait on a busy worker (no pipe deadlock). ``close`` or EOF (the trainer is gone)
-    sets ``closing``: the worker then exits without running the commands still queued."""
+    sets ``closing``: the worker then exits without running the commands still queued. EOF before
+    the policy is built calls ``on_lost`` (`worker_lifetime.abandon`: no load for a dead trainer)."""
     while True:
         try:
             command = conn.recv()
         except (EOFError, OSError):
+            on_lost()
             command = ("close",)
         except Exception:
             command = ("invalid", traceback.format_exc())
@@ -332,20 +354,41 @@ def _read_commands(
             return
 
 
-def serve(conn: Connection, make_policy: Callable[[], PolicyModel], num_threads: int) -> None:
+def serve(
+    conn: Connection,
+    make_policy: Callable[[], PolicyModel],
+    num_threads: int,
+    trainer_pid: int | None = None,
+    leftover: str | None = None,
+) -> None:
     """The worker process's main: build the policy (reply 0: ready, or the error), then serve the
-    commands in order (reply k to the k-th command) until ``close`` or EOF."""
+    commands in order (reply k to the k-th command) until ``close`` or EOF.
+
+    ``trainer_pid``: the parent; when it dies the worker exits at once (`worker_lifetime`).
+    ``leftover``: a directory the worker removes once ``make_policy`` returned or raised (the
+    saved copy it loads from), or when the trainer dies first."""
+    if trainer_pid is not None:
+        exit_with_trainer(trainer_pid, leftover)
+    private_progress_lock()
     torch.set_num_threads(num_threads)
     commands: queue.Queue[tuple[Any, ...]] = queue.Queue()
-    closing = threading.Event()
-    threading.Thread(target=_read_commands, args=(conn, commands, closing), daemon=True).start()
+    closing, built = threading.Event(), threading.Event()
+
+    def on_lost() -> None:
+        if not built.is_set():
+            abandon(leftover)
+
+    threading.Thread(target=_read_commands, args=(conn, commands, closing, on_lost), daemon=True).start()
     try:
         policy = make_policy()
         set_training_mode(policy, False)
     except Exception:
-        _reply(conn, 0, "error", _error_payload("building the policy (make_policy())"))
+        remove_owned_dir(leftover)
+        _reply_or_abandon(conn, 0, "error", _error_payload("building the policy (make_policy())"), leftover)
         return
-    _reply(conn, 0, "ok", None)
+    remove_owned_dir(leftover)
+    built.set()
+    _reply_or_abandon(conn, 0, "ok", None, leftover)
     state = _WorkerState(policy)
     seq = 0
     while True:
@@ -386,8 +429,8 @@ class _Channel:
                 self.conn.send(command)
             else:
                 self.conn.send_bytes(pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL))
-        except OSError as e:
-            raise self._died(what) from e
+        except OSError:
+            raise self._died(what) from None
         self.sent += 1
         self.what[self.sent] = what
         return self.sent
@@ -420,8 +463,8 @@ class _Channel:
                 raise self._died(self.what.get(self.received, "a command"))
         try:
             seq, status, payload = self.conn.recv()
-        except (EOFError, OSError) as e:
-            raise self._died(self.what.get(self.received, "a command")) from e
+        except (EOFError, OSError):
+            raise self._died(self.what.get(self.received, "a command")) from None
         self.received += 1
         if seq == 0:
             if status == "error":
@@ -470,8 +513,7 @@ class _Resources:
 
     def ready(self) -> None:
         """The worker loaded its policy: the saved copy on disk is no longer needed."""
-        if self.cleanup_dir is not None:
-            shutil.rmtree(self.cleanup_dir, ignore_errors=True)
+        remove_owned_dir(self.cleanup_dir)
 
     def shutdown(self) -> None:
         """Ask the worker to exit; terminate, then kill it if it does not within the timeout."""
@@ -578,13 +620,13 @@ class WorkerEngine:
             raise ValueError(f"num_threads={num_threads!r} must be an integer >= 1.")
         ctx = mp.get_context("spawn")
         conn, child = ctx.Pipe(duplex=True)
-        process = ctx.Process(target=serve, args=(child, make_policy, num_threads), name=name, daemon=True)
+        args = (child, make_policy, num_threads, os.getpid(), cleanup_dir)
+        process = ctx.Process(target=serve, args=args, name=name, daemon=True)
         try:
             process.start()
         except (pickle.PicklingError, AttributeError, TypeError) as e:
             conn.close()
-            if cleanup_dir is not None:
-                shutil.rmtree(cleanup_dir, ignore_errors=True)
+            remove_owned_dir(cleanup_dir)
             raise TypeError(
                 f"make_policy={make_policy!r} cannot be sent to the worker process ({e}); it must be "
                 f"picklable: a module-level function, or functools.partial(module_level_fn, ...)."
@@ -627,7 +669,7 @@ class WorkerEngine:
                 f"WorkerEngine(make_policy, seed=...), make_policy a picklable function that builds "
                 f"the same policy in the worker, and pass it as GRPOTrainer(..., engine=engine)."
             )
-        directory = tempfile.mkdtemp(prefix="grpo-worker-")
+        directory = owned_temp_dir("grpo-worker-")  # removes copies whose trainer was killed
         try:
             make = functools.partial(
                 load_causal_lm_policy,
@@ -638,7 +680,7 @@ class WorkerEngine:
                 device=str(policy.device) if device is None else device,
             )
         except BaseException:
-            shutil.rmtree(directory, ignore_errors=True)
+            remove_owned_dir(directory)
             raise
         return cls(make, seed=seed, name=name, num_threads=num_threads, cleanup_dir=directory)
 

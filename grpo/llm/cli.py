@@ -71,6 +71,7 @@ from grpo.config import GRPOConfig, suggest_fields, translate_seed_keywords
 from grpo.engine.deepspeed import deepspeed_config_from
 from grpo.engine.distributed import get_world_size, is_main_process, main_process_only, rank_batches, shutdown
 from grpo.envs.protocol import TextEnvironment
+from grpo.generation.worker import GenerationWorkerError
 from grpo.llm._deps import require
 from grpo.llm.checkpoint import save_llm_checkpoint
 from grpo.llm.data import PromptBatches, PromptDataset
@@ -1120,7 +1121,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = logging.INFO if is_main_process() else logging.WARNING
     logging.basicConfig(level=level, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     args = parse_args(argv)
-    metrics = train(args)
+    try:
+        metrics = train(args)
+    except GenerationWorkerError as e:  # its message says what failed and what to do; once
+        raise SystemExit(f"grpo-train: error: GenerationWorkerError: {e}") from None
     shutdown()  # every rank done, then the process group is destroyed (no-op on one process)
     if is_main_process():  # the result on stdout (one JSON line); the log went to stderr
         final = str(Path(args.output_dir) / "final_model")

@@ -389,9 +389,12 @@ def _run_steps(run: _Run, batches: Iterator[Any], report: ProgressReport) -> Non
             _checkpoint_if_due(run, step)
         if state.stop_reason is None:
             state.stop_reason = f"reached num_steps={run.num_steps}"
-    finally:
+    except BaseException:
         report.close()
-        _drop_prefetched(run)  # async rollouts: the batches drawn ahead go back to the source
+        _drop_prefetched_after_error(run)
+        raise
+    report.close()
+    _drop_prefetched(run)  # async rollouts: the batches drawn ahead go back to the source
 
 
 def _step(run: _Run, batches: Iterator[Any]) -> dict[str, float] | None:
@@ -479,6 +482,16 @@ def _drop_prefetched(run: _Run) -> None:
         run.trainer.discard_prefetched()
         if dropped:
             logger.debug("dropped %d batch(es) generated ahead and not trained on", dropped)
+
+
+def _drop_prefetched_after_error(run: _Run) -> None:
+    """`_drop_prefetched` while a step's error propagates: the source goes back all the same, and
+    an error dropping the generations (the engine that failed the step, e.g. a dead generation
+    worker, fails again) is logged, not raised: the step's error is the one the run reports."""
+    try:
+        _drop_prefetched(run)
+    except Exception as e:
+        logger.debug("dropping the prefetched generations after the error failed too: %s", e)
 
 
 def _finish(run: _Run) -> None:
