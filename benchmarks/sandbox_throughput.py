@@ -58,10 +58,20 @@ def startup(n: int) -> None:
     python = _interpreter()[0]
     bare = [bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", *binds]
     bare += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "/usr/bin/true"]
-    emit(figure="startup_s", what="bwrap alone", median=serial_median(lambda: subprocess.run(bare, check=True), n))
+    emit(
+        figure="startup_s",
+        what="bwrap alone",
+        median=serial_median(lambda: subprocess.run(bare, check=True), n),
+    )
     interp = [python, "-I", "-S", "-c", "pass"]
-    emit(figure="startup_s", what="python -I -S alone", median=serial_median(lambda: subprocess.run(interp), n))
-    emit(figure="startup_s", what="run_python('pass')", median=serial_median(lambda: run_python("pass", LIMITS), n))
+    emit(
+        figure="startup_s", what="python -I -S alone", median=serial_median(lambda: subprocess.run(interp), n)
+    )
+    emit(
+        figure="startup_s",
+        what="run_python('pass')",
+        median=serial_median(lambda: run_python("pass", LIMITS), n),
+    )
 
 
 def rate(job: Callable[[], object], runs: int, threads: int) -> float:
@@ -106,7 +116,9 @@ def main() -> None:
         for side in ("quiet", "busy", "quiet", "busy"):
             spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if side == "busy" else None
             try:
-                emit(figure="trivial_runs_per_s", side=side, threads=best, rate=rate(trivial, args.runs, best))
+                emit(
+                    figure="trivial_runs_per_s", side=side, threads=best, rate=rate(trivial, args.runs, best)
+                )
             finally:
                 if spinner is not None:
                     spinner.kill()
