@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from grpo.envs.sandbox import SandboxLimits, _interpreter, _setup, run_python  # noqa: E402
-from grpo.llm.code_rewards import CodeTests, run_tests  # noqa: E402
+from grpo.envs.sandbox import SandboxLimits, _interpreter, _setup, run_python
+from grpo.llm.code_rewards import CodeTests, run_tests
 
 LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=20.0, memory_bytes=256 * 2**20)
 SOLUTION = "def f(x):\n    return x * x\n\nimport sys\nif not sys.stdin.isatty():\n    pass\n"
