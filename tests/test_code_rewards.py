@@ -163,6 +163,7 @@ def test_run_tests_directly() -> None:
     assert (outcome.passed, outcome.total, outcome.status, outcome.reward) == (4, 4, "passed", 1.0)
 
 
+@pytest.mark.slow  # a tiny model's load, two steps, 16 sandboxed programs: ~30 s on the loaded machine
 @pytest.mark.usefixtures("sandbox")
 def test_grpo_train_on_coding_tasks(tmp_path: Path) -> None:
     """`grpo-train --reward code_tests` on examples/data/code_tasks.jsonl, end to end: a tiny random
