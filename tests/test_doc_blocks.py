@@ -61,8 +61,8 @@ NOT_RUN_REASONS = {
     "needs several processes": "torchrun / accelerate launch; tests/test_distributed.py, test_fsdp.py and "
     "test_deepspeed.py launch the library's multi-process paths themselves",
     "installs packages": "creates a virtual environment or installs from the package index",
-    "needs Linux namespaces": "the process sandbox needs unshare and user namespaces, which some "
-    "machines disable; tests/test_tools.py runs it wherever it can be set up",
+    "needs bubblewrap": "the process sandbox needs bubblewrap and user namespaces, which some machines "
+    "lack; tests/test_sandbox.py and tests/test_code_rewards.py run it wherever it can be set up",
     "runs the whole test suite": "this test is part of it",
     "names your own script": "your_script.py, train.py, train_llm.py stand for the reader's script",
 }

@@ -1,136 +1,93 @@
-"""Run untrusted Python code (a model's) in a separate, resource-limited, isolated process.
+"""Run untrusted Python code (a model's) in a bubblewrap sandbox, resource-limited, fail closed.
 
-`run_python(code, limits)` writes ``code`` to ``main.py`` in a fresh temporary directory and runs
-it there, Linux only, in this order::
+Isolation is bubblewrap's (``bwrap``, the tool Flatpak runs applications in; Debian package
+``bubblewrap``, at least version 0.8.0), found on ``PATH`` at run time. `run_python(code)` runs::
 
-    unshare --mount --net --ipc --uts --pid --fork --mount-proc [--user --map-root-user]
-      stage 1 (namespace root): mounts private; the work dir bind-mounted read-write; every other
-              mount (/, /proc, /sys, /dev, ...) remounted read-only; /run and /dev/shm covered by
-              empty read-only tmpfs (hides the Unix sockets there); then privileges dropped: as
-              real root, setuid/setgid to nobody (65534); as a user, no capabilities after exec
-              (SECBIT_NOROOT); no_new_privs in both cases; exec stage 2
-      stage 2: RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC = 1 (no new
-              process or thread), RLIMIT_CORE = 0; cwd = the work dir; run main.py
+    bwrap --unshare-all --unshare-user --disable-userns --uid 65534 --gid 65534
+          --die-with-parent --new-session --clearenv --cap-drop ALL --seccomp FD
+          --ro-bind /usr /usr (+ /bin, /lib* as symlinks or read-only binds, + the interpreter's prefix)
+          --proc /proc --dev /dev --remount-ro /dev --size DISK --tmpfs /tmp --file FD /tmp/main.py
+          --remount-ro / --chdir /tmp
+          PYTHON -I -S -c LAUNCHER
 
-What that gives, each tested in tests/test_tools.py: no network (an empty network namespace: no
-interface but a down loopback); CPU time (an infinite loop is killed at ``cpu_seconds``); memory
-(an allocation past ``memory_bytes`` of address space raises MemoryError); no fork or thread (a
-fork bomb gets EAGAIN); no write outside the work dir (read-only file system); wall time
-(``wall_seconds``, then the process group is killed: catches ``sleep``); output (at most
-``output_bytes`` of stdout + stderr are kept; past that the process is killed). Processes outside
-the sandbox cannot be signalled (own PID namespace).
+The launcher (trusted, the first Python code in the sandbox) sets the rlimits (CPU, address
+space, file size, open files, processes, core dumps), writes one byte on a pipe that only it
+holds, closes it, and runs ``/tmp/main.py``. The supervisor (this process) decides the result:
 
-What it does not give: reads are not restricted beyond the sandbox user's file permissions (as a
-non-root user the code can read that user's files, e.g. the home directory, and print them into
-the model's context); the kernel is shared (a kernel exploit escapes, as from any container). It
-needs ``unshare`` (util-linux) and namespaces: as root, or with unprivileged user namespaces
-enabled (some distributions disable them, e.g. Ubuntu 24.04's AppArmor restriction). Where setup
-fails, `SandboxUnavailable` is raised and nothing runs: the code is never run unconfined.
+- setup: no byte on the launcher's pipe means the sandbox never started (bwrap refused, the
+  interpreter could not start): `SandboxUnavailable`, whatever the code printed or returned;
+- ``timeout``: its own clock passed ``wall_seconds`` (it kills bwrap; ``--die-with-parent`` and the
+  PID namespace take every process in the sandbox with it);
+- ``output_limit``: its own reader counted more than ``output_bytes``;
+- ``cpu_limit``: the kernel's account of the sandbox's CPU time (``wait4``) reached ``cpu_seconds``;
+- ``ok`` (exit status 0), ``error`` (another exit status), ``killed`` (a signal).
+
+What each limit and isolation promise rests on, and the test that attacks it, is the table in
+docs/sandbox.md. Where bwrap is missing, too old, or cannot create its namespaces (unprivileged
+user namespaces disabled, a container's seccomp profile), `SandboxUnavailable` says what to
+install or enable, and nothing runs: the code is never run unconfined.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
+import selectors
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from grpo.envs.tools import Tool
+from grpo.envs.seccomp import seccomp_program
 
-__all__ = ["SandboxLimits", "SandboxResult", "SandboxUnavailable", "python_tool", "run_python"]
+if TYPE_CHECKING:
+    from grpo.envs.tools import Tool
 
-NOBODY = 65534
-SETUP_FAILED = 125
+__all__ = [
+    "SandboxLimits",
+    "SandboxResult",
+    "SandboxUnavailable",
+    "bwrap_version",
+    "python_tool",
+    "run_python",
+]
 
-# Stage 1 runs as root of the new namespaces, before any untrusted code: trusted, may use ctypes.
-_STAGE1 = r"""
-import ctypes, os, sys
-work, stage2, mode, prefix, staging = sys.argv[1:6]
-libc = ctypes.CDLL(None, use_errno=True)
-libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
-libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
-RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND, REC, PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
-OPTS = {"nosuid": NOSUID, "nodev": NODEV, "noexec": NOEXEC, "noatime": 1024, "nodiratime": 2048,
-        "relatime": 1 << 21}
+MIN_BWRAP = (0, 8, 0)  # --disable-userns, --size
+INSTALL_HINT = (
+    "install bubblewrap >= 0.8.0 (Debian 12+/Ubuntu 24.04+: `apt-get install bubblewrap`; "
+    "Fedora: `dnf install bubblewrap`; or build it from https://github.com/containers/bubblewrap)"
+)
+NOBODY = 65534  # as root, bwrap runs as nobody: the sandbox's user is never root outside it
+_KILL_GRACE = 5.0  # seconds to drain the pipes after a kill
 
-def mount(src, target, fstype, flags, data=None):
-    enc = lambda s: None if s is None else s.encode()
-    if libc.mount(enc(src), enc(target), enc(fstype), flags, enc(data)) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount {target}: {os.strerror(err)}")
-
-def unescape(path):
-    return path.encode().decode("unicode_escape")
-
-try:
-    mount(None, "/", None, REC | PRIVATE)
-    for d in ("/run", "/var/run", "/dev/shm"):
-        if os.path.isdir(d) and not os.path.islink(d):
-            mount("tmpfs", d, "tmpfs", NOSUID | NODEV | NOEXEC | RDONLY, "size=16k,mode=755")
-    mount(work, work, None, BIND)
-    if mode == "root":  # nobody must reach the interpreter: cover the first closed ancestor of its
-        parts = prefix.strip("/").split("/")  # prefix with a tmpfs that holds only the prefix
-        closed = next((p for p in ("/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1))
-                       if not os.stat(p).st_mode & 0o001), None)
-        if closed is not None:
-            mount(prefix, staging, None, BIND | REC)
-            mount("tmpfs", closed, "tmpfs", NOSUID | NODEV, "size=64k,mode=755")
-            os.makedirs(prefix, mode=0o755)
-            mount(staging, prefix, None, BIND | REC)
-    for line in open("/proc/self/mountinfo").read().splitlines():
-        fields = line.split()
-        point, opts = unescape(fields[4]), fields[5].split(",")
-        if point == work or "ro" in opts:
-            continue
-        flags = REMOUNT | BIND | RDONLY | sum(OPTS.get(o, 0) for o in set(opts))
-        mount(None, point, None, flags)
-except OSError as e:
-    print(f"grpo sandbox setup failed: {e}", flush=True)
-    os._exit(125)
-child = os.fork()
-if child == 0:  # the untrusted side: drop privileges, then stage 2
-    try:
-        if mode == "root":
-            os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
-        elif libc.prctl(28, 0x2F, 0, 0, 0) != 0:  # PR_SET_SECUREBITS: NOROOT, NO_SETUID_FIXUP, locked
-            raise OSError(ctypes.get_errno(), "PR_SET_SECUREBITS")
-        if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
-            raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
-        os.execv(sys.executable, [sys.executable, "-I", "-u", "-c", stage2, work, *sys.argv[6:]])
-    except OSError as e:
-        print(f"grpo sandbox setup failed: {e}", flush=True)
-    os._exit(125)
-status = os.waitpid(child, 0)[1]
-os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
-"""
-
-# Stage 2 runs unprivileged, sets its own limits, then runs the untrusted main.py.
-_STAGE2 = r"""
-import os, resource, runpy, sys
-work, cpu, mem, fsize = sys.argv[1], *map(int, sys.argv[2:5])
-for lim, soft, hard in ((resource.RLIMIT_CPU, cpu, cpu + 1), (resource.RLIMIT_AS, mem, mem),
-                        (resource.RLIMIT_FSIZE, fsize, fsize), (resource.RLIMIT_NOFILE, 64, 64),
-                        (resource.RLIMIT_NPROC, 1, 1), (resource.RLIMIT_CORE, 0, 0)):
-    resource.setrlimit(lim, (soft, hard))  # CPU: SIGXCPU at the limit, SIGKILL a second later
-os.chdir(work)
+# The launcher: trusted code, the first to run in the sandbox. argv: limits, then the setup fd.
+_LAUNCHER = r"""
+import os, resource, sys
+cpu, mem, fsize, nofile, nproc, ok = map(int, sys.argv[1:7])
+for lim, soft, hard in ((resource.RLIMIT_CPU, cpu, cpu), (resource.RLIMIT_AS, mem, mem),
+                        (resource.RLIMIT_FSIZE, fsize, fsize), (resource.RLIMIT_NOFILE, nofile, nofile),
+                        (resource.RLIMIT_NPROC, nproc, nproc), (resource.RLIMIT_CORE, 0, 0)):
+    resource.setrlimit(lim, (soft, hard))  # CPU: SIGKILL at the limit (pid 1 ignores SIGXCPU)
+os.write(ok, b"1")
+os.close(ok)
 sys.argv = ["main.py"]
-sys.path.insert(0, work)
-runpy.run_path("main.py", run_name="__main__")
-"""
+sys.path.insert(0, "/tmp")
+with open("/tmp/main.py", "rb") as f:
+    source = f.read()
+exec(compile(source, "/tmp/main.py", "exec"), {"__name__": "__main__", "__file__": "/tmp/main.py",
+                                              "__builtins__": __builtins__})
+"""  # runpy.run_path would do the same at twice the start-up (its imports: ~40 ms here)
 
 
 class SandboxUnavailable(RuntimeError):
-    """The sandbox cannot be set up here (no Linux, no ``unshare``, namespaces not permitted)."""
+    """The sandbox cannot be set up here (no bubblewrap, too old, namespaces not permitted).
+    Nothing was run."""
 
 
 @dataclass(frozen=True)
@@ -138,11 +95,16 @@ class SandboxLimits:
     """Limits of one `run_python` call.
 
     Args:
-        cpu_seconds: CPU time (RLIMIT_CPU); the process is killed past it.
-        wall_seconds: real time; the process group is killed past it (catches sleeping code).
-        memory_bytes: address space (RLIMIT_AS); allocations past it raise MemoryError.
-        output_bytes: stdout + stderr kept; past it the process is killed.
-        file_bytes: largest file the code may write in its work dir (RLIMIT_FSIZE).
+        cpu_seconds: CPU time of the program (RLIMIT_CPU); killed past it (status ``cpu_limit``).
+        wall_seconds: real time; the whole sandbox is killed past it (status ``timeout``).
+        memory_bytes: address space of each process (RLIMIT_AS); allocations past it fail.
+        output_bytes: stdout + stderr kept; past it the sandbox is killed (``output_limit``).
+        file_bytes: largest file the code may write (RLIMIT_FSIZE).
+        disk_bytes: all files together: the size of the sandbox's ``/tmp`` (a tmpfs, in memory).
+        open_files: file descriptors per process (RLIMIT_NOFILE).
+        processes: processes or threads the program may start besides itself (RLIMIT_NPROC,
+            counted in the sandbox's own user namespace). Memory in all is at most
+            ``(processes + 1) * memory_bytes + disk_bytes``.
     """
 
     cpu_seconds: int = 2
@@ -150,154 +112,331 @@ class SandboxLimits:
     memory_bytes: int = 512 * 2**20
     output_bytes: int = 10_000
     file_bytes: int = 2**20
+    disk_bytes: int = 16 * 2**20
+    open_files: int = 64
+    processes: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("cpu_seconds", "wall_seconds", "memory_bytes", "output_bytes", "file_bytes"):
+        for name in (
+            "cpu_seconds",
+            "wall_seconds",
+            "memory_bytes",
+            "output_bytes",
+            "file_bytes",
+            "disk_bytes",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SandboxLimits({name}={getattr(self, name)!r}): must be positive.")
+        if self.open_files < 8 or self.processes < 0:
+            raise ValueError(
+                f"SandboxLimits(open_files={self.open_files}, processes={self.processes}): "
+                "open_files must be at least 8 (the interpreter's own) and processes at least 0."
+            )
 
 
-SandboxStatus = Literal["ok", "error", "timeout", "killed", "output_limit"]
+SandboxStatus = Literal["ok", "error", "killed", "timeout", "cpu_limit", "output_limit"]
 
 
 class SandboxResult(NamedTuple):
-    """One run: ``output`` (stdout and stderr, cut at the limit), ``returncode`` (128 + the
-    signal when a limit killed it; negative when the sandbox was killed from outside for the
-    wall-time or output limit), ``status``, wall ``seconds``."""
+    """One run: ``output`` (stdout and stderr as they arrived, cut at the limit), ``returncode``
+    (the program's exit status; 128 + the signal that ended it), ``status`` (decided by the
+    supervisor, see the module docstring), wall ``seconds``, ``stdout`` alone (cut at the limit),
+    and ``cpu_seconds`` (the kernel's account of the sandbox's CPU time)."""
 
     output: str
     returncode: int
     status: SandboxStatus
     seconds: float
+    stdout: str = ""
+    cpu_seconds: float = 0.0
 
 
-def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
-    """Run ``code`` as ``main.py`` in the sandbox described in the module docstring.
+def bwrap_version(bwrap: str) -> tuple[int, ...]:
+    """The version ``bwrap --version`` prints (``bubblewrap 0.8.0`` -> ``(0, 8, 0)``)."""
+    out = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10, check=False).stdout
+    match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", out)
+    if match is None:
+        raise SandboxUnavailable(f"`{bwrap} --version` printed {out!r}, not a version; {INSTALL_HINT}.")
+    return tuple(int(part or 0) for part in match.groups())
 
-    Raises `SandboxUnavailable` (before running anything) where the sandbox cannot be set up.
+
+@functools.lru_cache(maxsize=8)
+def _setup(path_env: str) -> tuple[str, bytes, tuple[str, ...]]:
+    """bwrap's path (checked), the seccomp program, the fixed bind arguments. Cached per PATH."""
+    if not sys.platform.startswith("linux"):
+        raise SandboxUnavailable(f"grpo.envs.sandbox needs Linux (bubblewrap); this is {sys.platform}.")
+    bwrap = shutil.which("bwrap", path=path_env)
+    if bwrap is None:
+        raise SandboxUnavailable(f"no `bwrap` on PATH: {INSTALL_HINT}.")
+    version = bwrap_version(bwrap)
+    if version < MIN_BWRAP:
+        found = ".".join(map(str, version))
+        raise SandboxUnavailable(f"{bwrap} is bubblewrap {found}, older than 0.8.0: {INSTALL_HINT}.")
+    try:
+        program = seccomp_program()
+    except ValueError as e:
+        raise SandboxUnavailable(f"grpo.envs.sandbox: {e}") from e
+    return bwrap, program, _binds()
+
+
+@functools.lru_cache(maxsize=1)
+def _interpreter() -> tuple[str, str]:
+    """The interpreter the sandbox runs and its prefix: this process's base interpreter (not a
+    virtual environment's link to it) where everyone may run it, else the system's ``python3``
+    (as root, bwrap runs as nobody, who cannot enter e.g. ``/root/.pyenv``). The program gets the
+    standard library only: ``-I -S``, no site-packages."""
+    executable = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    if _world_executable(executable):
+        return executable, os.path.realpath(sys.base_prefix)
+    for system in ("/usr/bin/python3", "/bin/python3"):
+        if os.path.exists(system) and _world_executable(os.path.realpath(system)):
+            return os.path.realpath(system), "/usr"
+    raise SandboxUnavailable(
+        f"no Python interpreter that the sandbox's user may run: {executable} is not executable by "
+        "others, and there is no /usr/bin/python3 (install python3, or a Python outside a private home)."
+    )
+
+
+def _world_executable(path: str) -> bool:
+    """Whether a user other than the owner may run ``path`` (others' x on it and every ancestor)."""
+    parts = path.split("/")
+    return all(os.stat("/".join(parts[:i]) or "/").st_mode & 0o001 for i in range(1, len(parts) + 1))
+
+
+def _binds() -> tuple[str, ...]:
+    """Read-only views of the system's programs and libraries; nothing else of the host (no /etc,
+    /home, /run, /tmp, /var: no Unix socket at a path is reachable). The interpreter's prefix is
+    bound read-only where it lies outside /usr."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    prefix = _interpreter()[1]
+    if prefix != "/usr" and not prefix.startswith("/usr/"):
+        args += ["--ro-bind", prefix, prefix]
+    return tuple(args)
+
+
+def run_python(code: str, limits: SandboxLimits | None = None, *, stdin: str = "") -> SandboxResult:
+    """Run ``code`` as ``/tmp/main.py`` in the sandbox described in the module docstring.
+
+    ``stdin`` is the program's standard input. Raises `SandboxUnavailable` where the sandbox
+    cannot be set up; then nothing of ``code`` ran.
     """
     limits = limits or SandboxLimits()
-    if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
+    bwrap, program, binds = _setup(os.environ.get("PATH", os.defpath))
+    with contextlib.ExitStack() as stack:
+        files = [stack.enter_context(tempfile.TemporaryFile()) for _ in range(2)]
+        for f, data in zip(files, (code, stdin), strict=True):
+            f.write(data.encode())
+            f.seek(0)
+        seccomp_r, seccomp_w = os.pipe()
+        os.write(seccomp_w, program)  # a few hundred bytes: fits the pipe's buffer
+        os.close(seccomp_w)
+        ok_r, ok_w = os.pipe()
+        fds = (files[0].fileno(), seccomp_r, ok_w)
+        command = _as_nobody(_command(bwrap, binds, limits, *fds))
+        start = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                command, stdin=files[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env={}, pass_fds=fds, start_new_session=True,
+            )  # fmt: skip
+        except OSError as e:
+            os.close(ok_r)
+            raise SandboxUnavailable(f"cannot start {bwrap}: {e}; {INSTALL_HINT}.") from e
+        finally:
+            os.close(seccomp_r)
+            os.close(ok_w)
+        return _supervise(proc, ok_r, limits, start)
+
+
+def _as_nobody(command: list[str]) -> list[str]:
+    """As root, bwrap runs as nobody (util-linux's ``setpriv``; not Popen's ``user=``, which makes a
+    large trainer process fork instead of vfork: ~40 ms a run here): the sandbox's user, mapped to
+    the caller's, must not be root outside, where /proc/sys and the like trust uid 0."""
+    if os.geteuid() != 0:
+        return command
+    setpriv = shutil.which("setpriv", path="/usr/bin:/bin")
+    if setpriv is None:
         raise SandboxUnavailable(
-            f"grpo.envs.sandbox needs Linux with the unshare command (util-linux); this is {sys.platform} "
-            f"with unshare at {shutil.which('unshare')}."
+            "running as root, the sandbox needs util-linux's setpriv to start bwrap as nobody."
         )
-    with tempfile.TemporaryDirectory(prefix="grpo-sandbox-", ignore_cleanup_errors=True) as tmp:
-        top = os.path.realpath(tmp)
-        work, staging = os.path.join(top, "work"), os.path.join(top, "python")
-        os.mkdir(work)
-        os.mkdir(staging)
-        Path(work, "main.py").write_text(code)
-        root = os.geteuid() == 0
-        if root:  # the code runs as nobody: its work dir must be its own
-            os.chmod(top, 0o755)
-            for path in (work, os.path.join(work, "main.py")):
-                os.chown(path, NOBODY, NOBODY)
-        return _run(_command(work, staging, limits, root), work, limits)
+    return [setpriv, "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups", "--", *command]
 
 
-def _command(work: str, staging: str, limits: SandboxLimits, root: bool) -> list[str]:
-    namespaces = ["--mount", "--net", "--ipc", "--uts", "--pid", "--fork", "--mount-proc", "--kill-child"]
-    user = [] if root else ["--user", "--map-root-user"]
-    numbers = [str(int(limits.cpu_seconds)), str(int(limits.memory_bytes)), str(int(limits.file_bytes))]
-    mode, prefix = ("root" if root else "user"), os.path.realpath(sys.base_prefix)
-    stage1 = [sys.executable, "-I", "-c", _STAGE1, work, _STAGE2, mode, prefix, staging, *numbers]
-    return ["unshare", *namespaces, *user, *stage1]
-
-
-def _run(command: list[str], work: str, limits: SandboxLimits) -> SandboxResult:
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": work}
+def _command(
+    bwrap: str, binds: tuple[str, ...], limits: SandboxLimits, code: int, seccomp: int, ok: int
+) -> list[str]:
+    executable = _interpreter()[0]
+    numbers = (limits.cpu_seconds, limits.memory_bytes, limits.file_bytes, limits.open_files)
+    nproc = limits.processes + 1  # counted in the sandbox's own user namespace, where it is pid 1
+    namespaces = ["--unshare-all", "--unshare-user", "--disable-userns", "--uid", "65534", "--gid", "65534"]
+    process = [
+        "--as-pid-1",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--seccomp",
+        str(seccomp),
+    ]
+    hidden = [arg for name in ("keys", "key-users") for arg in ("--ro-bind", "/dev/null", f"/proc/{name}")]
+    files = ["--proc", "/proc", *hidden, "--dev", "/dev", "--remount-ro", "/dev"]
+    files += ["--size", str(limits.disk_bytes), "--tmpfs", "/tmp", "--file", str(code), "/tmp/main.py"]
+    files += ["--remount-ro", "/", "--chdir", "/tmp", "--hostname", "sandbox"]
+    env = {"HOME": "/tmp", "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin"}
     env |= {f"{lib}_NUM_THREADS": "1" for lib in ("OMP", "OPENBLAS", "MKL")}  # no thread may start
-    start = time.monotonic()
-    proc = subprocess.Popen(
-        command,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        cwd=work,
-        env=env,
-        start_new_session=True,
-    )
-    if proc.stdout is None:  # cannot happen with stdout=PIPE; narrows the type
-        raise RuntimeError("grpo.envs.sandbox: the child's stdout pipe is missing.")
-    chunks: list[bytes] = []
-    overflow = threading.Event()
-    reader = threading.Thread(target=_read, args=(proc, proc.stdout, chunks, limits.output_bytes, overflow))
-    reader.start()
-    timed_out = False
+    setenv = ["--clearenv", *(arg for name, value in env.items() for arg in ("--setenv", name, value))]
+    launcher = [executable, "-I", "-S", "-c", _LAUNCHER, *map(str, numbers), str(nproc), str(ok)]
+    return [bwrap, *namespaces, *process, *binds, *files, *setenv, *launcher]
+
+
+def _supervise(
+    proc: subprocess.Popen[bytes], ok_r: int, limits: SandboxLimits, start: float
+) -> SandboxResult:
+    """Read the pipes until the sandbox is gone, enforcing the wall-time and output limits."""
+    reader = _Reader(proc, ok_r, limits.output_bytes)
+    deadline = start + limits.wall_seconds
+    killed_by: SandboxStatus | None = None
     try:
-        proc.wait(timeout=limits.wall_seconds)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill(proc)
-        proc.wait()
-    reader.join()
-    proc.stdout.close()
-    output = b"".join(chunks)[: limits.output_bytes].decode("utf-8", errors="replace")
-    if proc.returncode == SETUP_FAILED and output.startswith("grpo sandbox setup failed"):
-        raise SandboxUnavailable(f"{output.strip()} (see grpo.envs.sandbox for what it needs).")
-    status = _status(proc.returncode, timed_out, overflow.is_set())
-    return SandboxResult(output, proc.returncode, status, time.monotonic() - start)
+        while reader.open():
+            left = deadline - time.monotonic()
+            if left <= 0 and not killed_by:
+                killed_by, deadline = "timeout", time.monotonic() + _KILL_GRACE
+                _kill(proc)
+                continue
+            if left <= 0:
+                break  # killed, yet something still holds the pipes: stop reading
+            reader.read(left)
+            if reader.overflow and not killed_by:
+                killed_by, deadline = "output_limit", time.monotonic() + _KILL_GRACE
+                _kill(proc)
+    finally:
+        reader.close()
+        _kill(proc)  # nothing of the sandbox outlives the call (a no-op when it has exited)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = returncode = _exit_code(status)
+    if not reader.started:
+        raise SandboxUnavailable(
+            f"the sandbox did not start (bwrap exit status {returncode}): "
+            f"{reader.text(reader.stderr).strip()[:2000]!r}. Unprivileged user namespaces may be "
+            "disabled (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0, "
+            "Ubuntu's kernel.apparmor_restrict_unprivileged_userns=0) or forbidden by a container's "
+            f"seccomp profile; {INSTALL_HINT}."
+        )
+    cpu = usage.ru_utime + usage.ru_stime
+    verdict = killed_by or _status(returncode, cpu, limits)
+    return SandboxResult(reader.text(reader.both), returncode, verdict, time.monotonic() - start,
+                         reader.text(reader.stdout), cpu)  # fmt: skip
 
 
-def _read(
-    proc: subprocess.Popen[bytes],
-    stream: IO[bytes],
-    chunks: list[bytes],
-    limit: int,
-    overflow: threading.Event,
-) -> None:
-    """Collect up to ``limit`` bytes; past that, kill the process (and drain what is left)."""
-    size = 0
-    while block := stream.read1(65536):  # type: ignore[attr-defined]
-        if size <= limit:
-            chunks.append(block)
-        size += len(block)
-        if size > limit and not overflow.is_set():
-            overflow.set()
-            _kill(proc)
+def _exit_code(status: int) -> int:
+    """bwrap passes its program's exit status on (128 + the signal when one ended it)."""
+    return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def _status(returncode: int, cpu: float, limits: SandboxLimits) -> SandboxStatus:
+    if returncode == 0:
+        return "ok"
+    if returncode == 128 + signal.SIGKILL and cpu >= 0.9 * limits.cpu_seconds:
+        return "cpu_limit"  # the kernel kills at the limit; its tick-sampled account reads a little less
+    return "killed" if returncode > 128 else "error"
+
+
+class _Reader:
+    """stdout, stderr, the launcher's setup pipe and bwrap's exit (a pidfd), read without threads."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], ok_r: int, limit: int) -> None:
+        if proc.stdout is None or proc.stderr is None:  # cannot happen with PIPE; narrows the type
+            raise RuntimeError("grpo.envs.sandbox: the child's pipes are missing.")
+        self.selector = selectors.DefaultSelector()
+        self.exit_fd = os.pidfd_open(proc.pid)
+        self.names = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr", ok_r: "ok"}
+        for fd in self.names:
+            os.set_blocking(fd, False)
+            self.selector.register(fd, selectors.EVENT_READ)
+        self.selector.register(self.exit_fd, selectors.EVENT_READ)
+        self.limit, self.size, self.started, self.exited = limit, 0, False, False
+        self.both, self.stdout, self.stderr = bytearray(), bytearray(), bytearray()
+
+    def open(self) -> bool:
+        """Until bwrap has exited and its output pipes are closed."""
+        return not self.exited or any(name != "ok" for name in self.names.values())
+
+    @property
+    def overflow(self) -> bool:
+        return self.size > self.limit
+
+    def read(self, timeout: float) -> None:
+        for key, _ in self.selector.select(timeout):
+            fd = key.fd
+            if fd == self.exit_fd:
+                self.exited = True
+                self.selector.unregister(fd)
+                continue
+            with contextlib.suppress(BlockingIOError):
+                block = os.read(fd, 65536)
+                if block:
+                    self._keep(self.names[fd], block)
+                else:
+                    self.selector.unregister(fd)
+                    if self.names.pop(fd) == "ok":
+                        os.close(fd)
+
+    def _keep(self, name: str, block: bytes) -> None:
+        if name == "ok":
+            self.started = True
+            return
+        room = max(0, self.limit - len(self.both))
+        self.size += len(block)
+        self.both += block[:room]
+        (self.stdout if name == "stdout" else self.stderr).extend(block[:room])
+
+    def close(self) -> None:
+        for fd, name in self.names.items():
+            if name == "ok":
+                os.close(fd)
+        os.close(self.exit_fd)
+        self.selector.close()
+
+    def text(self, data: bytearray) -> str:
+        return bytes(data[: self.limit]).decode("utf-8", errors="replace")
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):  # already gone
+    """SIGKILL bwrap's process group; its ``--die-with-parent`` child and PID namespace follow."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _status(returncode: int, timed_out: bool, overflow: bool) -> SandboxStatus:
-    if timed_out:
-        return "timeout"
-    if overflow:
-        return "output_limit"
-    if returncode == 0:
-        return "ok"
-    return "killed" if returncode < 0 or returncode > 128 else "error"
-
-
-def _signal_note(returncode: int, limits: SandboxLimits) -> str:
-    signum = -returncode if returncode < 0 else returncode - 128
-    if signum in (signal.SIGXCPU, signal.SIGKILL):
-        return f"killed by signal {signum} (CPU time limit {limits.cpu_seconds} s)"
-    if signum == signal.SIGXFSZ:
-        return f"killed by signal {signum} (file size limit {limits.file_bytes} bytes)"
-    return f"killed by signal {signum}"
+def _signal_note(result: SandboxResult, limits: SandboxLimits) -> str:
+    notes = {
+        "error": f"exit code {result.returncode}",
+        "timeout": f"timed out after {limits.wall_seconds:g} s",
+        "cpu_limit": f"CPU time limit {limits.cpu_seconds} s",
+        "killed": f"killed by signal {result.returncode - 128}",
+        "output_limit": f"output cut at {limits.output_bytes} bytes",
+    }
+    if result.status == "killed" and result.returncode - 128 == signal.SIGXFSZ:
+        return f"{notes['killed']} (file size limit {limits.file_bytes} bytes)"
+    return notes[result.status]
 
 
 def python_tool(limits: SandboxLimits | None = None, name: str = "python") -> Tool:
     """`run_python` as a `Tool` ``python(code: str)``: the output, followed by a line naming the
-    exit status when it is not ``ok`` (e.g. ``[killed: CPU time limit 2 s]``)."""
+    exit status when it is not ``ok`` (e.g. ``[cpu_limit: CPU time limit 2 s]``)."""
+    from grpo.envs.tools import Tool
+
     limits = limits or SandboxLimits()
 
     def python(code: str) -> str:
         result = run_python(code, limits)
         if result.status == "ok":
             return result.output
-        notes = {
-            "error": f"exit code {result.returncode}",
-            "timeout": f"timed out after {limits.wall_seconds:g} s",
-            "killed": _signal_note(result.returncode, limits),
-            "output_limit": f"output cut at {limits.output_bytes} bytes",
-        }
-        return f"{result.output.rstrip()}\n[{result.status}: {notes[result.status]}]"
+        return f"{result.output.rstrip()}\n[{result.status}: {_signal_note(result, limits)}]"
 
     return Tool(
         name,

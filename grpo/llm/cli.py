@@ -74,6 +74,7 @@ from grpo.envs.protocol import TextEnvironment
 from grpo.generation.worker import GenerationWorkerError
 from grpo.llm._deps import require
 from grpo.llm.checkpoint import save_llm_checkpoint
+from grpo.llm.code_rewards import code_tests_reward
 from grpo.llm.data import PromptBatches, PromptDataset
 from grpo.llm.multiturn import ConversationReward, MultiTurnPolicy
 from grpo.llm.policy import CausalLMPolicy
@@ -220,7 +221,9 @@ class RewardOptions:
     reward: list[str] | None = field(
         default=None,
         metadata={
-            "help": "NAME[=WEIGHT], one or more, repeatable. NAME: exact_match, format, overlong, or "
+            "help": "NAME[=WEIGHT], one or more, repeatable. NAME: exact_match, format, overlong, "
+            "code_tests (the completion's program run against --tests-column in the sandbox: the share "
+            "of tests passed; needs bubblewrap), or "
             "module:function / path.py:function, a function written for grpo (f(prompts, completions, "
             "**columns)) or for TRL (f(completions, **kwargs), f(completions, solution, **kwargs), "
             "keyword-only parameters: prompts=, completions= (chat: message lists), completion_ids=, "
@@ -242,6 +245,11 @@ class RewardOptions:
     format_pattern: str | None = _opt(None, "Regex for the format reward.")
     format_tags: str = _opt("think,answer", "Tags for the format reward.")
     overlong_cache: int | None = _opt(None, "Soft over-length zone (tokens); none = a quarter of the limit.")
+    tests_column: str = _opt(
+        "tests",
+        "code_tests: the column with each prompt's tests, a list of assert statements or of "
+        "{'input', 'output'} stdin/stdout pairs (grpo.llm.code_rewards).",
+    )
 
 
 @dataclass
@@ -638,14 +646,16 @@ def build_rewards(args: argparse.Namespace) -> RewardFunctions:
         elif name == "overlong":
             cache = args.overlong_cache or max(1, args.max_new_tokens // 4)
             fn = overlong_penalty(args.max_new_tokens, cache)
+        elif name == "code_tests":
+            fn = code_tests_reward(args.tests_column)
         elif ":" in name:
             fn = _load_callable(name)
             name = name.rpartition(":")[2]
             conventions[name] = args.reward_convention
         else:
             raise SystemExit(
-                f"grpo-train: error: unknown --reward {name!r}; use exact_match, format, overlong or "
-                "module:function"
+                f"grpo-train: error: unknown --reward {name!r}; use exact_match, format, overlong, "
+                "code_tests or module:function"
             )
         fns[name] = fn
         weights[name] = weight
