@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from grpo.gym.gymnasium_lib import import_gymnasium
+from grpo.runtime.extras import install_hint
 
 __all__ = ["SeededStarts", "check_seeded_starts", "make_metaworld", "metaworld_start", "tasks_start"]
 
@@ -184,8 +185,9 @@ def make_metaworld(
         from metaworld.env_dict import ALL_V3_ENVIRONMENTS  # type: ignore[import-not-found, unused-ignore]
     except ImportError as e:
         raise ImportError(
-            "make_metaworld needs MetaWorld v3: pip install 'metaworld>=3.1' (it pins its own mujoco "
-            "version; install it in its own virtual environment if another package needs another)."
+            f"make_metaworld needs MetaWorld v3: {install_hint('metaworld')} (metaworld 3.1 pins "
+            f"mujoco==3.3.0; use a virtual environment of its own if another package needs another "
+            f"mujoco)."
         ) from e
     if name not in ALL_V3_ENVIRONMENTS:
         raise ValueError(f"unknown MetaWorld v3 task {name!r}; e.g. {sorted(ALL_V3_ENVIRONMENTS)[:4]}.")
