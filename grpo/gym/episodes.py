@@ -30,10 +30,12 @@ default) it raises if the G initial observations of a group differ.
 When an environment cannot reset to the same state (a real robot, an external simulator, an env
 whose ``reset`` ignores its seed), in order of preference:
 
-1. snapshot and restore the simulator state yourself (MuJoCo: ``data.qpos/qvel`` +
-   ``set_state``; pure-Python envs: ``copy.deepcopy(env)`` after reset) inside a small wrapper
-   whose ``reset(seed=s)`` restores snapshot ``s``;
-2. reset to a fixed, small set of start configurations and use their index as the seed;
+1. make ``reset(seed=s)`` give start s with a start function (`grpo.gym.seeded_starts.SeededStarts`;
+   MetaWorld: `grpo.gym.seeded_starts.make_metaworld`), or reset to a fixed set of start
+   configurations and use their index as the seed;
+2. snapshot and restore the simulator state (`grpo.gym.snapshots`: exact for classic control and
+   MuJoCo envs, replay-checked, refused where no exact method exists), with ``SnapshotReset``
+   whose ``reset(seed=i)`` restores snapshot ``i``;
 3. otherwise GRPO's group baseline is the wrong tool: use a learned value baseline (PPO/A2C), or
    at least a large G so the start-state noise averages out, and pass ``check_group_reset=False``.
 
