@@ -99,6 +99,11 @@ class SeededStarts:
         self.last_seed = int(seed)
         return obs, {**info, "start_seed": int(seed)}
 
+    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
+        """The inner env's step."""
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, reward, terminated, truncated, info
+
 
 @functools.cache
 def _seeded_starts_class() -> type[SeededStarts]:

@@ -71,7 +71,15 @@ class EndOnSuccess:
         gym.Wrapper.__init__(self, env)
         self.binary_reward = bool(binary_reward)
 
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """The inner env's reset."""
+        obs, info = self.env.reset(seed=seed, options=options)
+        return obs, info
+
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
+        """The inner step; terminated on success, the reward ``1[success]`` with ``binary_reward``."""
         obs, reward, terminated, truncated, info = self.env.step(action)
         success = info_success(info)
         if success is None:
