@@ -59,7 +59,7 @@ from grpo.grpo_objective import GRPOObjective
 from grpo.metrics import StepCounts, empty_extremes_as_nan
 from grpo.policy_base import EntropyRequest, PolicyModel, has_method, set_training_mode
 from grpo.reward_model_base import RewardModel
-from grpo.rollout.action_stats import action_metrics
+from grpo.rollout.action_stats import action_metrics, success_metrics
 from grpo.runtime.denormals import flush_denormals_on, restore_denormals
 from grpo.runtime.threads import describe, intra_op_threads, policy_elements, resolve_num_threads
 from grpo.state.trainer_state import TrainerStateMixin
@@ -390,7 +390,7 @@ class GRPOTrainer(TrainerStateMixin):
         advantages as `last_batch` / `last_advantages`."""
         t0, t1, t2 = times
         self.last_batch, self.last_advantages = batch, adv
-        metrics = adv.metrics() | update | action_metrics(batch.actions)
+        metrics = adv.metrics() | update | action_metrics(batch.actions) | success_metrics(batch.actions)
         metrics |= engine_metrics(self.collector.engine, batch.policy_versions, self.step_count - 1)
         if lr is not None:
             metrics["optim/lr"] = lr

@@ -64,6 +64,8 @@ NOT_RUN_REASONS = {
     "needs bubblewrap": "the process sandbox needs bubblewrap and user namespaces, which some machines "
     "lack; tests/test_sandbox.py and tests/test_code_rewards.py run it wherever it can be set up",
     "runs the whole test suite": "this test is part of it",
+    "needs MetaWorld": "an optional package (pip install metaworld) that pins mujoco 3.3.0; "
+    "tests/test_robot_metaworld.py runs these paths where it is installed",
     "names your own script": "your_script.py, train.py, train_llm.py stand for the reader's script",
 }
 RUN_LANGUAGES = ("python", "bash")

@@ -7,16 +7,20 @@
 * `grpo.gym.snapshots`: groups from saved and restored simulator states
 * `grpo.gym.branching`: groups of short continuations from states along the policy's trajectories
 * `grpo.gym.grouping`: groups by nearest start states, when the env cannot restore
+* `grpo.gym.seeded_starts`: ``reset(seed=s)`` gives start s for envs that ignore the seed (MetaWorld)
+* `grpo.gym.success`: the env's ``info["success"]`` as the reward, the end of an episode, a metric
 * `grpo.gym.exploration`: an exploration bonus for tasks where every group fails
 """
 
 from grpo.gym.episodes import (
     Episode,
+    EpisodeEvaluation,
     EpisodePolicy,
     EpisodeReturn,
     EpisodeRewards,
     episode_returns,
     evaluate_episodes,
+    evaluate_policy,
     run_episodes,
 )
 from grpo.gym.exploration import EpisodeSpread
@@ -26,15 +30,21 @@ from grpo.gym.grouping import (
     group_by_nearest_start,
     grouping_stats,
 )
+from grpo.gym.seeded_starts import SeededStarts, make_metaworld
 from grpo.gym.snapshots import Snapshot, SnapshotError, SnapshotReset, SnapshotStore, restore, snapshot
+from grpo.gym.success import EndOnSuccess, EpisodeSuccess
 
 __all__ = [
+    "EndOnSuccess",
     "Episode",
+    "EpisodeEvaluation",
     "EpisodePolicy",
     "EpisodeReturn",
     "EpisodeRewards",
     "EpisodeSpread",
+    "EpisodeSuccess",
     "NearestStartPolicy",
+    "SeededStarts",
     "Snapshot",
     "SnapshotError",
     "SnapshotReset",
@@ -42,8 +52,10 @@ __all__ = [
     "StartStateBiasWarning",
     "episode_returns",
     "evaluate_episodes",
+    "evaluate_policy",
     "group_by_nearest_start",
     "grouping_stats",
+    "make_metaworld",
     "restore",
     "run_episodes",
     "snapshot",

@@ -30,10 +30,12 @@ default) it raises if the G initial observations of a group differ.
 When an environment cannot reset to the same state (a real robot, an external simulator, an env
 whose ``reset`` ignores its seed), in order of preference:
 
-1. snapshot and restore the simulator state yourself (MuJoCo: ``data.qpos/qvel`` +
-   ``set_state``; pure-Python envs: ``copy.deepcopy(env)`` after reset) inside a small wrapper
-   whose ``reset(seed=s)`` restores snapshot ``s``;
-2. reset to a fixed, small set of start configurations and use their index as the seed;
+1. make ``reset(seed=s)`` give start s with a start function (`grpo.gym.seeded_starts.SeededStarts`;
+   MetaWorld: `grpo.gym.seeded_starts.make_metaworld`), or reset to a fixed set of start
+   configurations and use their index as the seed;
+2. snapshot and restore the simulator state (`grpo.gym.snapshots`: exact for classic control and
+   MuJoCo envs, replay-checked, refused where no exact method exists), with ``SnapshotReset``
+   whose ``reset(seed=i)`` restores snapshot ``i``;
 3. otherwise GRPO's group baseline is the wrong tool: use a learned value baseline (PPO/A2C), or
    at least a large G so the start-state noise averages out, and pass ``check_group_reset=False``.
 
@@ -64,6 +66,7 @@ from torch.distributions import Distribution
 
 from grpo.envs.protocol import Environment
 from grpo.gym.gymnasium_lib import import_gymnasium
+from grpo.gym.success import info_success
 from grpo.gym.vector_env import as_environment
 from grpo.policies import DistributionPolicy
 from grpo.policy_base import EntropyRequest, PolicyOutput, entropy_grad_mode
@@ -71,11 +74,13 @@ from grpo.reward_model_base import StatelessReward
 
 __all__ = [
     "Episode",
+    "EpisodeEvaluation",
     "EpisodePolicy",
     "EpisodeReturn",
     "EpisodeRewards",
     "episode_returns",
     "evaluate_episodes",
+    "evaluate_policy",
     "run_episodes",
 ]
 
@@ -94,6 +99,9 @@ class Episode:
         rewards: ``(T,)`` float32, ``r_t`` received after action t; zeros after the end.
         mask: ``(T,)`` bool, True for the ``length`` real steps.
         terminated: the env reported termination (not a time limit).
+        success: True when a step's info reported success (``info["success"]`` or
+            ``info["is_success"]``, `grpo.gym.success`), False when steps reported it and none
+            succeeded, None when the env reports no success.
     """
 
     seed: int
@@ -102,6 +110,7 @@ class Episode:
     rewards: Tensor
     mask: Tensor
     terminated: bool
+    success: bool | None = None
 
     @property
     def length(self) -> int:
@@ -326,7 +335,8 @@ def run_episodes(
     Sub-env i starts from ``seeds[i]`` (an int seed, or any start state the environment takes).
     At each step one forward of ``policy`` on the (n, obs_dim) observations gives the actions
     (sampled, or the distribution's mode if ``deterministic``). Steps after an episode's end are
-    discarded. Returns the episodes padded to the longest.
+    discarded. Returns the episodes padded to the longest; ``Episode.success`` from the steps'
+    infos (`grpo.gym.success.info_success`).
     """
     env = as_environment(envs)
     n = len(seeds)
@@ -336,6 +346,7 @@ def run_episodes(
     obs = env.reset(list(seeds))
     alive = torch.ones(n, dtype=torch.bool)
     terminated_any = torch.zeros(n, dtype=torch.bool)
+    reported, succeeded = torch.zeros(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool)
     obs_list: list[Tensor] = []
     act_list: list[Tensor] = []
     rew_list: list[Tensor] = []
@@ -352,10 +363,15 @@ def run_episodes(
         mask_list.append(alive)
         ended = step.terminated.cpu()
         terminated_any |= alive & ended
+        if step.infos is not None:
+            flags = [info_success(info) for info in step.infos]
+            reported |= alive & torch.tensor([f is not None for f in flags])
+            succeeded |= alive & torch.tensor([bool(f) for f in flags])
         alive = alive & ~(ended | step.truncated.cpu())
         obs = step.observations
         t += 1
-    return _padded_episodes(seeds, obs_list, act_list, rew_list, mask_list, terminated_any)
+    success = [bool(succeeded[i]) if reported[i] else None for i in range(n)]
+    return _padded_episodes(seeds, obs_list, act_list, rew_list, mask_list, terminated_any, success)
 
 
 def _padded_episodes(
@@ -365,6 +381,7 @@ def _padded_episodes(
     rew_list: list[Tensor],
     mask_list: list[Tensor],
     terminated: Tensor,
+    success: list[bool | None],
 ) -> list[Episode]:
     """The steps stacked into `Episode`s padded to the longest; zeros after each episode's end."""
     mask = torch.stack(mask_list, 1)  # (n, T)
@@ -374,7 +391,8 @@ def _padded_episodes(
     rew = torch.stack(rew_list, 1)  # (n, T)
     starts = [int(s) if isinstance(s, (int, np.integer)) else -1 for s in seeds]
     return [
-        Episode(starts[i], obs[i], act[i], rew[i], mask[i], bool(terminated[i])) for i in range(len(seeds))
+        Episode(starts[i], obs[i], act[i], rew[i], mask[i], bool(terminated[i]), success[i])
+        for i in range(len(seeds))
     ]
 
 
@@ -502,6 +520,90 @@ class EpisodePolicy(nn.Module):
         return new
 
 
+@dataclass(frozen=True)
+class EpisodeEvaluation:
+    """One evaluation episode per seed (`evaluate_policy`), in seed order.
+
+    Attributes:
+        returns: ``(n,)`` float64, the undiscounted returns.
+        lengths: ``(n,)`` int64, the steps of each episode.
+        successes: ``(n,)`` bool, ``Episode.success`` of each episode; None when the env reports
+            no success (an episode without a flag makes the whole array None).
+    """
+
+    returns: np.ndarray
+    lengths: np.ndarray
+    successes: np.ndarray | None
+
+    @property
+    def success_rate(self) -> float | None:
+        """p = (1/n) sum_i 1[success_i]; None without success flags."""
+        return None if self.successes is None else float(self.successes.mean())
+
+    @property
+    def success_stderr(self) -> float | None:
+        """The standard error of ``success_rate``: sqrt(p (1 - p) / (n - 1)) (the sample standard
+        deviation of the n flags over sqrt(n)); NaN for n = 1, None without success flags."""
+        if self.successes is None:
+            return None
+        n, p = self.successes.size, self.success_rate
+        assert p is not None
+        return math.sqrt(p * (1 - p) / (n - 1)) if n > 1 else math.nan
+
+
+def evaluate_policy(
+    policy: DistributionPolicy | EpisodePolicy,
+    env: str | Callable[[], Any],
+    seeds: Sequence[int],
+    *,
+    deterministic: bool = True,
+    max_steps: int | None = None,
+    env_kwargs: dict[str, Any] | None = None,
+    num_envs: int = 16,
+) -> EpisodeEvaluation:
+    """One episode per seed, played by a pool of at most ``num_envs`` envs reused across the seeds.
+
+    The n seeds are played in ``c = ceil(n / num_envs)`` rounds of ``k = ceil(n / c)`` episodes in
+    one vector env of k sub-envs (each round resets them with its seeds; the last round repeats its
+    last seed to fill the k sub-envs and drops the extra episodes), so k envs are built, not n.
+    ``deterministic=True`` plays the distribution's mode (argmax / mean), as is usual for reporting.
+    Returns an `EpisodeEvaluation` (returns, lengths, success flags and rate with standard error).
+    """
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+        raise ValueError(f"evaluate_policy(num_envs={num_envs!r}): expected an integer >= 1 (envs reused).")
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("evaluate_policy got no seeds: pass one seed per evaluation episode.")
+    net = policy.policy if isinstance(policy, EpisodePolicy) else _as_distribution_policy(policy)
+    rounds = -(-len(seeds) // num_envs)
+    k = -(-len(seeds) // rounds)
+    pool = _EnvPool(env, "sync", dict(env_kwargs or {}))
+    was_training = net.training
+    net.eval()
+    episodes: list[Episode] = []
+    try:
+        envs = pool.get(k)
+        for r in range(rounds):
+            part = seeds[r * k : (r + 1) * k]
+            played = run_episodes(
+                net,
+                envs,
+                part + part[-1:] * (k - len(part)),
+                max_steps=max_steps,
+                deterministic=deterministic,
+            )
+            episodes += played[: len(part)]
+    finally:
+        net.train(was_training)
+        pool.close()
+    flags = [e.success for e in episodes]
+    return EpisodeEvaluation(
+        returns=np.array([e.episode_return for e in episodes], dtype=np.float64),
+        lengths=np.array([e.length for e in episodes], dtype=np.int64),
+        successes=None if None in flags else np.array(flags, dtype=bool),
+    )
+
+
 def evaluate_episodes(
     policy: DistributionPolicy | EpisodePolicy,
     env: str | Callable[[], Any],
@@ -510,23 +612,19 @@ def evaluate_episodes(
     deterministic: bool = True,
     max_steps: int | None = None,
     env_kwargs: dict[str, Any] | None = None,
+    num_envs: int = 16,
 ) -> np.ndarray:
-    """Returns of one episode per seed (float64 array (len(seeds),)), played in one vector env.
-
-    ``deterministic=True`` plays the distribution's mode (argmax / mean), as is usual for reporting.
-    """
-    net = policy.policy if isinstance(policy, EpisodePolicy) else _as_distribution_policy(policy)
-    pool = _EnvPool(env, "sync", dict(env_kwargs or {}))
-    was_training = net.training
-    net.eval()
-    try:
-        episodes = run_episodes(
-            net, pool.get(len(seeds)), list(seeds), max_steps=max_steps, deterministic=deterministic
-        )
-    finally:
-        net.train(was_training)
-        pool.close()
-    return np.array([e.episode_return for e in episodes], dtype=np.float64)
+    """Returns of one episode per seed (float64 array (len(seeds),)): ``evaluate_policy(...).returns``
+    (a pool of at most ``num_envs`` envs, reused across the seeds)."""
+    return evaluate_policy(
+        policy,
+        env,
+        seeds,
+        deterministic=deterministic,
+        max_steps=max_steps,
+        env_kwargs=env_kwargs,
+        num_envs=num_envs,
+    ).returns
 
 
 def __getattr__(name: str) -> Callable[[Tensor, Tensor, float], Tensor]:

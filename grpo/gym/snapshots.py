@@ -22,14 +22,22 @@ What a snapshot holds (``Snapshot.method``):
   MountainCarContinuous: ``env.unwrapped.state`` plus the attributes that shape the future
   (CartPole's ``steps_beyond_terminated``, Pendulum's ``last_u``) and the env's ``np_random``
   generator (Acrobot's optional torque noise then repeats exactly).
-* ``"mujoco"``: any env with ``data.qpos`` / ``data.qvel`` and ``set_state(qpos, qvel)`` (the
-  gymnasium MuJoCo envs): qpos, qvel and, where the data has them, ``time``, ``act``, ``ctrl``,
-  ``qacc_warmstart`` (the constraint solver's warm start), ``mocap_pos`` / ``mocap_quat``,
-  ``userdata``, ``plugin_state`` (MuJoCo's full integration state, ``mjSTATE_INTEGRATION``); plus
-  ``np_random``.
+* ``"mujoco"``: any env holding a ``mujoco.MjModel`` ``model`` and a ``mujoco.MjData`` ``data``
+  (gymnasium's MuJoCo envs, MetaWorld): MuJoCo's full integration state (``mj_getState`` with
+  ``mjSTATE_INTEGRATION``), the model arrays envs move at reset, and the env's Python attributes
+  that are plain data (its frame stack, targets, step counter, ``np_random``; see
+  `grpo.gym.mujoco_state`).
 * ``"deepcopy"``: ``copy.deepcopy`` of the whole wrapper chain, restored in place layer by layer.
-  The fallback for pure-Python envs; also the method for stateful wrappers (observation
-  normalisers, frame stacks), whose state the other two methods do not hold.
+  Only when asked for (``method="deepcopy"``): for pure-Python envs and stateful wrappers
+  (observation normalisers, frame stacks), whose state the other two methods do not hold.
+
+Exact or refused: before a method is trusted for an env class, the replay check of
+`grpo.gym.snapshot_check` plays 8 actions from the snapshot, restores, plays them again and
+compares the two continuations bitwise; a difference refuses the method with a `SnapshotError`
+naming it (once per method and env class per process; ``check="always"`` checks every capture).
+``method="auto"`` never falls back to ``deepcopy``: an env with no exact method is refused with a
+`SnapshotError` that says what to do. (A deep copy of a MetaWorld env, for one, rebuilds its
+simulator from the model file and loses the mocap and placement state.)
 
 The other two methods also carry the ``TimeLimit`` step counter, so a restored episode is truncated
 where the original would have been (``reset_time_limit=True`` starts a fresh time budget instead).
@@ -50,6 +58,8 @@ from typing import Any, Literal
 import numpy as np
 
 from grpo.gym.gymnasium_lib import import_gymnasium
+from grpo.gym.mujoco_state import capture_mujoco, is_mujoco_env, restore_mujoco, same_value
+from grpo.gym.snapshot_check import replay_check
 
 __all__ = [
     "Snapshot",
@@ -61,14 +71,12 @@ __all__ = [
 ]
 
 SnapshotMethod = Literal["auto", "classic_control", "mujoco", "deepcopy"]
-
-# MuJoCo ``data`` fields restored before ``set_state(qpos, qvel)`` (which runs mj_forward).
-_MUJOCO_FIELDS = ("act", "ctrl", "qacc_warmstart", "mocap_pos", "mocap_quat", "userdata", "plugin_state")
+ReplayCheck = Literal["once", "always"]
 
 
 class SnapshotError(TypeError):
-    """The env cannot be snapshotted: no known state and ``copy.deepcopy`` fails (or, for a store
-    with a directory, pickling fails)."""
+    """The env cannot be snapshotted exactly: no exact method applies, the method failed the replay
+    check, ``copy.deepcopy`` fails, or (for a store with a directory) pickling fails."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -144,13 +152,10 @@ def _classic_control_spec(unwrapped: Any) -> tuple[tuple[str, ...], Callable[[An
     return None
 
 
-def _is_mujoco_style(unwrapped: Any) -> bool:
-    data = getattr(unwrapped, "data", None)
-    return callable(getattr(unwrapped, "set_state", None)) and hasattr(data, "qpos") and hasattr(data, "qvel")
-
-
-def _derive_observation(layers: list[Any], method: str) -> np.ndarray:
-    """The observation of the current state, computed from the unwrapped env."""
+def _derive_observation(layers: list[Any], method: str, state: dict[str, Any]) -> np.ndarray:
+    """The observation of the current state, computed from the unwrapped env (``state``: the
+    captured state; a ``"mujoco"`` env whose ``_get_obs()`` changes its own attributes is put back
+    and refused)."""
     gym = import_gymnasium()
     unwrapped = layers[-1]
     transforming = [
@@ -169,11 +174,29 @@ def _derive_observation(layers: list[Any], method: str) -> np.ndarray:
     for getter in ("_get_obs", "_get_ob"):
         fn = getattr(unwrapped, getter, None)
         if callable(fn):
-            return np.asarray(fn())
+            obs = np.array(fn(), copy=True)
+            _refuse_changing_getter(unwrapped, getter, state)
+            return obs
     raise ValueError(
         f"snapshot() cannot compute the observation of {_qualname(unwrapped)} (it has no _get_obs()): "
         f"pass observation= (the last observation the env returned)."
     )
+
+
+def _refuse_changing_getter(unwrapped: Any, getter: str, state: dict[str, Any]) -> None:
+    """After ``unwrapped.<getter>()``: put back and refuse the attributes it changed (``"mujoco"``)."""
+    saved = state.get("python")
+    if saved is None:
+        return
+    changed = [k for k, v in saved.items() if not same_value(getattr(unwrapped, k, None), v)]
+    if changed:
+        for k in changed:
+            setattr(unwrapped, k, copy.deepcopy(saved[k]))
+        raise ValueError(
+            f"snapshot() cannot compute the observation of {_qualname(unwrapped)}: its {getter}() changes "
+            f"the env ({changed}; e.g. a frame stack). Pass observation= (the last observation the env "
+            f"returned)."
+        )
 
 
 def _check_observation(observation: Any, space: Any, where: str) -> np.ndarray:
@@ -201,34 +224,44 @@ def _never_reset(layers: list[Any]) -> bool:
 
 
 # ---- snapshot / restore -------------------------------------------------------------------------
-def snapshot(env: Any, *, observation: Any = None, method: SnapshotMethod = "auto") -> Snapshot:
+def snapshot(
+    env: Any, *, observation: Any = None, method: SnapshotMethod = "auto", check: ReplayCheck = "once"
+) -> Snapshot:
     """Capture the full state of ``env`` (a gymnasium env, wrapped or not) after reset or a step.
 
     Args:
         env: the env whose current state to save. It must have been reset.
         observation: the last observation ``env`` returned. Needed when a wrapper transforms
-            observations or the env has no ``_get_obs()``; otherwise computed from the state.
+            observations or the env cannot compute it without changing itself (MetaWorld's
+            ``_get_obs()`` shifts its frame stack); otherwise computed from the state.
         method: ``"auto"`` picks ``"classic_control"`` for gymnasium's classic-control envs,
-            ``"mujoco"`` for envs with ``data.qpos/qvel`` and ``set_state``, else ``"deepcopy"``.
+            ``"mujoco"`` for envs with a MuJoCo ``model`` and ``data``, and refuses any other env;
+            ``"deepcopy"`` only when named.
+        check: run the replay check (`grpo.gym.snapshot_check`) on the first capture of each
+            method and env class (``"once"``) or on every capture (``"always"``). It steps the
+            unwrapped env and leaves it restored to the snapshot.
 
     Returns:
         A `Snapshot`; ``restore(other_env, snap)`` puts any env of the same kind into this state.
 
     Raises:
-        SnapshotError: the method does not apply, or ``copy.deepcopy`` of the env fails.
+        SnapshotError: no exact method applies, the method does not apply, the replay check
+            failed, or ``copy.deepcopy`` of the env fails.
         ValueError: the env was never reset, or the observation is missing or of the wrong shape.
     """
     if method not in ("auto", "classic_control", "mujoco", "deepcopy"):
         raise ValueError(f"method={method!r}: choose 'auto', 'classic_control', 'mujoco' or 'deepcopy'.")
+    if check not in ("once", "always"):
+        raise ValueError(f"check={check!r}: choose 'once' (first capture of each env class) or 'always'.")
     layers = _chain(env)
     unwrapped = layers[-1]
     method = _snapshot_method(method, unwrapped)
     state = _capture_state(env, unwrapped, method)
-    obs = _derive_observation(layers, method) if observation is None else observation
+    obs = _derive_observation(layers, method, state) if observation is None else observation
     obs = _check_observation(obs, env.observation_space, "snapshot()")
     limits = _time_limits(layers)
     elapsed = limits[0]._elapsed_steps if limits and method != "deepcopy" else None
-    return Snapshot(
+    snap = Snapshot(
         method=method,
         observation=obs,
         observation_space=copy.deepcopy(env.observation_space),
@@ -238,22 +271,43 @@ def snapshot(env: Any, *, observation: Any = None, method: SnapshotMethod = "aut
         elapsed_steps=elapsed,
         state=state,
     )
+    skipped = state.get("skipped", ())
+    verdict = replay_check(env, unwrapped, snap, restore, always=check == "always", skipped=skipped)
+    if verdict is not None:
+        raise SnapshotError(
+            f"snapshot(method={method!r}) is not exact for {snap.env_type}: {verdict}. Make the state "
+            f"that shapes the env's future plain attributes of the env (numbers, arrays, numpy "
+            f"generators) or MuJoCo state, seed its starts instead (grpo.gym.seeded_starts."
+            f"SeededStarts) or group by nearest start states (NearestStartPolicy)."
+        )
+    return snap
 
 
 def _snapshot_method(method: SnapshotMethod, unwrapped: Any) -> SnapshotMethod:
     """The method `snapshot` uses: ``"auto"`` resolved, an explicit one checked against the env."""
     classic = _classic_control_spec(unwrapped)
     if method == "auto":
-        return "classic_control" if classic else "mujoco" if _is_mujoco_style(unwrapped) else "deepcopy"
+        if classic:
+            return "classic_control"
+        if is_mujoco_env(unwrapped):
+            return "mujoco"
+        raise SnapshotError(
+            f"snapshot(): no exact snapshot method for {_qualname(unwrapped)}: it is not one of "
+            f"gymnasium's classic-control envs and holds no MuJoCo model and data (env.model, env.data). "
+            f"Make reset(seed=s) give start s (grpo.gym.seeded_starts.SeededStarts), pass "
+            f"method='deepcopy' if copy.deepcopy(env) copies its whole state (it is replay-checked too), "
+            f"or group by nearest start states (NearestStartPolicy)."
+        )
     if method == "classic_control" and classic is None:
         raise SnapshotError(
             f"method='classic_control' needs gymnasium's CartPole, Acrobot, Pendulum, MountainCar or "
             f"MountainCarContinuous; the env is {_qualname(unwrapped)}. Use method='auto'."
         )
-    if method == "mujoco" and not _is_mujoco_style(unwrapped):
+    if method == "mujoco" and not is_mujoco_env(unwrapped):
         raise SnapshotError(
-            f"method='mujoco' needs an env with data.qpos, data.qvel and set_state(qpos, qvel); "
-            f"{_qualname(unwrapped)} has not. Use method='auto'."
+            f"method='mujoco' needs an env holding a mujoco.MjModel as env.model and a mujoco.MjData as "
+            f"env.data (gymnasium's MuJoCo envs, MetaWorld; mujoco >= 3.1); {_qualname(unwrapped)} "
+            f"has not. Use method='auto'."
         )
     return method
 
@@ -263,15 +317,14 @@ def _capture_state(env: Any, unwrapped: Any, method: SnapshotMethod) -> dict[str
     if method == "classic_control":
         return _classic_control_state(unwrapped)
     if method == "mujoco":
-        return _mujoco_state(unwrapped)
+        return capture_mujoco(unwrapped)
     try:
         return {"env": copy.deepcopy(env)}
     except Exception as e:
         raise SnapshotError(
-            f"cannot snapshot {_qualname(unwrapped)}: it is not a gymnasium classic-control env, has "
-            f"no MuJoCo-style data.qpos/qvel + set_state(qpos, qvel), and copy.deepcopy(env) failed "
-            f"({type(e).__name__}: {e}). Give the env a set_state(qpos, qvel) and data.qpos/qvel, "
-            f"make it deep-copyable, or group by nearest start states (NearestStartPolicy)."
+            f"cannot snapshot {_qualname(unwrapped)} with method='deepcopy': copy.deepcopy(env) failed "
+            f"({type(e).__name__}: {e}). Make it deep-copyable, seed its starts "
+            f"(grpo.gym.seeded_starts.SeededStarts), or group by nearest start states (NearestStartPolicy)."
         ) from e
 
 
@@ -282,19 +335,6 @@ def _classic_control_state(unwrapped: Any) -> dict[str, Any]:
     if getattr(unwrapped, "state", None) is None:
         raise ValueError(f"snapshot(): {_qualname(unwrapped)} has no state yet; call env.reset() first.")
     state = {name: copy.deepcopy(getattr(unwrapped, name)) for name in spec[0]}
-    state["_np_random"] = copy.deepcopy(getattr(unwrapped, "_np_random", None))
-    return state
-
-
-def _mujoco_state(unwrapped: Any) -> dict[str, Any]:
-    """qpos, qvel, the other `_MUJOCO_FIELDS` the data has, its time, and the env's ``np_random``."""
-    data = unwrapped.data
-    state: dict[str, Any] = {"qpos": np.array(data.qpos, copy=True), "qvel": np.array(data.qvel, copy=True)}
-    for name in _MUJOCO_FIELDS:
-        if hasattr(data, name):
-            state[name] = np.array(getattr(data, name), copy=True)
-    if hasattr(data, "time"):
-        state["time"] = float(data.time)
     state["_np_random"] = copy.deepcopy(getattr(unwrapped, "_np_random", None))
     return state
 
@@ -334,7 +374,7 @@ def restore(env: Any, snap: Snapshot, *, reset_time_limit: bool = False) -> np.n
     if snap.method == "classic_control":
         _restore_classic_control(layers[-1], snap.state)
     elif snap.method == "mujoco":
-        _restore_mujoco(layers[-1], snap.state)
+        restore_mujoco(layers[-1], snap.state)
     elif snap.method == "deepcopy":
         _restore_deepcopy(layers, snap)
     else:
@@ -362,22 +402,6 @@ def _restore_classic_control(unwrapped: Any, st: dict[str, Any]) -> None:
     for name, value in st.items():
         if name != "_np_random":
             setattr(unwrapped, name, copy.deepcopy(value))
-
-
-def _restore_mujoco(unwrapped: Any, st: dict[str, Any]) -> None:
-    data = unwrapped.data
-    for name in ("qpos", "qvel", *_MUJOCO_FIELDS):
-        if name in st and np.shape(getattr(data, name)) != st[name].shape:
-            raise ValueError(
-                f"restore(): mismatched MuJoCo models: data.{name} has shape "
-                f"{np.shape(getattr(data, name))}, the snapshot's {st[name].shape}."
-            )
-    for name in _MUJOCO_FIELDS:
-        if name in st and st[name].size:
-            getattr(data, name)[...] = st[name]
-    if "time" in st:
-        data.time = st["time"]
-    unwrapped.set_state(st["qpos"].copy(), st["qvel"].copy())
 
 
 def _restore_deepcopy(layers: list[Any], snap: Snapshot) -> None:

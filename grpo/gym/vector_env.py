@@ -67,12 +67,13 @@ class GymVectorEnvironment:
     def step(self, actions: Tensor) -> Transition:
         a = actions.cpu().numpy()
         env_a = a.astype(np.int64) if self.discrete else np.clip(a, self._space.low, self._space.high)
-        obs, rew, term, trunc, _ = self.envs.step(env_a)
+        obs, rew, term, trunc, info = self.envs.step(env_a)
         return Transition(
             torch.from_numpy(np.asarray(obs, dtype=np.float32).reshape(self.num_envs, -1)),
             torch.from_numpy(np.asarray(rew, dtype=np.float32)),
             torch.from_numpy(np.asarray(term, dtype=bool)),
             torch.from_numpy(np.asarray(trunc, dtype=bool)),
+            _success_infos(info, self.num_envs),
         )
 
     def snapshot(self, index: int, observation: Tensor | None = None) -> Any:
@@ -84,6 +85,17 @@ class GymVectorEnvironment:
 
     def close(self) -> None:
         self.envs.close()
+
+
+def _success_infos(info: Any, n: int) -> list[dict[str, Any]] | None:
+    """The success flags of a vector env's step info as n dicts (``{"success": bool}``, or ``{}``
+    for a sub-env that did not report it); None when no sub-env reports success."""
+    for key in ("success", "is_success"):  # grpo.gym.success.SUCCESS_KEYS
+        if isinstance(info, dict) and key in info:
+            values = np.asarray(info[key]).reshape(n)
+            present = np.asarray(info.get(f"_{key}", np.ones(n, dtype=bool))).reshape(n)
+            return [{"success": bool(v)} if p else {} for v, p in zip(values, present, strict=True)]
+    return None
 
 
 def as_environment(envs: Any) -> Any:

@@ -253,6 +253,15 @@ METRICS: tuple[Metric, ...] = (
         "harder or its rewards were rescaled, not changed; `grpo.training.reward_shift`), else 0. Absent "
         "otherwise.",
     ),
+    _m(
+        "episode/success_rate",
+        "samples",
+        "optional",
+        "With actions that report success (`grpo.gym.episodes.Episode` of an env whose step info holds "
+        "`success` or `is_success`): (1/N) Σ_i 1[episode i succeeded], the fraction of the N "
+        "episodes in which some step reported success (`grpo.rollout.action_stats.success_metrics`). "
+        "Absent otherwise.",
+    ),
     _m("time/data", "slowest", "train", "Seconds drawing this step's states from the source."),
     _m(
         "throughput/samples_per_s",

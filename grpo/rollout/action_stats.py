@@ -11,6 +11,10 @@ The hook is two members of each action (`LengthReporting`):
 `grpo.llm.Completion` has all three. Actions without them (a Tensor of actions, ints, ...) report
 nothing: `action_metrics` returns no key, so a bandit's or a gym policy's metrics hold no bogus
 lengths. The keys keep the ``completion/*`` names of ``grpo-train`` (declared in `grpo.metrics`).
+
+`success_metrics` is the same for success: actions with a bool ``success`` attribute (the
+`grpo.gym.episodes.Episode` of an env whose step info reports ``success``) give
+``episode/success_rate``.
 """
 
 from __future__ import annotations
@@ -20,7 +24,14 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["LENGTH_KEYS", "LengthReporting", "action_metrics", "reports_lengths", "truncated_flag"]
+__all__ = [
+    "LENGTH_KEYS",
+    "LengthReporting",
+    "action_metrics",
+    "reports_lengths",
+    "success_metrics",
+    "truncated_flag",
+]
 
 LENGTH_KEYS: tuple[str, ...] = (
     "completion/tokens",
@@ -107,3 +118,16 @@ def action_metrics(actions: Any) -> dict[str, float]:
         "completion/frac_truncated": (n - len(done)) / n,
         "completion/mean_terminated_length": sum(done) / len(done) if done else math.nan,
     }
+
+
+def success_metrics(actions: Any) -> dict[str, float]:
+    """``{"episode/success_rate": (1/N) sum_i 1[a_i.success]}`` when each of the N actions has a bool
+    ``success`` attribute; ``{}`` otherwise (actions that do not report success, or an env that
+    reported it for some episodes only)."""
+    try:
+        flags = [getattr(a, "success", None) for a in actions]
+    except TypeError:  # not a sequence of actions (a Tensor is, but its rows have no .success)
+        return {}
+    if not flags or not all(isinstance(f, bool) for f in flags):
+        return {}
+    return {"episode/success_rate": sum(1 for f in flags if f) / len(flags)}
