@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import random
 from collections.abc import Iterator
 from typing import Any, cast
@@ -135,6 +136,50 @@ def test_preserved_global_rng_puts_every_stream_back() -> None:
         torch.rand(7), random.random(), np.random.rand()
     assert torch.equal(torch.rand(3), expected[0])
     assert (random.random(), np.random.rand()) == expected[1:]
+
+
+def test_server_request_and_answer_round_trip(tok: Any) -> None:
+    """The /v1/completions body carries the in-process engine's sampling parameters and the
+    prompt's ids; an answer's choices become samples in index order."""
+    from grpo.generation.vllm_server import completion_request, samples_from_response
+
+    body = completion_request("m", [5, 6], _opts(top_k=3), n=2, max_tokens=4, eos_token_ids=[1], seed=9)
+    assert body == {
+        "model": "m", "prompt": [5, 6], "return_token_ids": True, "n": 2, "temperature": 0.7, "top_p": 1.0,
+        "top_k": 3, "min_p": 0.0, "repetition_penalty": 1.0, "max_tokens": 4, "min_tokens": 0,
+        "stop_token_ids": [1], "logprobs": 0, "seed": 9,
+    }  # fmt: skip
+    answer = {
+        "choices": [
+            {
+                "index": 1,
+                "token_ids": [7, 1],
+                "logprobs": {"token_logprobs": [-0.5, -0.25]},
+                "finish_reason": "stop",
+            },
+            {"index": 0, "token_ids": [8], "logprobs": {"token_logprobs": [-2.0]}, "finish_reason": "length"},
+        ]
+    }
+    assert samples_from_response(answer) == [
+        VLLMSample([8], [-2.0], "length"),
+        VLLMSample([7, 1], [-0.5, -0.25], "stop"),
+    ]
+
+
+def test_weight_push_buffers_round_trip() -> None:
+    """A push's flat per-dtype buffers give back every tensor, by name, shape and value."""
+    from grpo.generation.vllm_worker_extension import flat_buffers, unflatten, weight_spec
+
+    weights = [("a", torch.randn(2, 3)), ("b", torch.arange(4)), ("c", torch.randn(5).to(torch.bfloat16))]
+    entries = json.loads(weight_spec(weights))
+    assert entries == [["a", "float32", [2, 3]], ["b", "int64", [4]], ["c", "bfloat16", [5]]]
+    buffers = flat_buffers(entries)
+    assert {d: b.numel() for d, b in buffers.items()} == {"float32": 6, "int64": 4, "bfloat16": 5}
+    for (_, view), (_, t) in zip(unflatten(entries, buffers), weights, strict=True):
+        view.copy_(t)
+    back = unflatten(entries, {d: b.clone() for d, b in buffers.items()})
+    assert [n for n, _ in back] == ["a", "b", "c"]
+    assert all(torch.equal(x, t) for (_, x), (_, t) in zip(back, weights, strict=True))
 
 
 # ---- vLLM itself: on its CPU build (CI, `-m vllm`) or on CUDA -----------------------------------
@@ -346,3 +391,87 @@ def test_grpo_train_with_vllm_resumes_exactly(cli_setup: Any, tmp_path: Any) -> 
     wb = load_file(str(tmp_path / "b" / "final_model" / "model.safetensors"))
     assert wa.keys() == wb.keys()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+# ---- a vLLM server process (`VLLMServerEngine`) -------------------------------------------------
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def vllm_server(tok: Any, tmp_path: Any) -> Iterator[tuple[str, Any]]:
+    """vLLM's OpenAI-compatible server on 127.0.0.1 (CPU build: eager, 1 GiB KV cache) serving a
+    tiny Llama saved here, with grpo's weight receiver; terminated after the test."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    build_model(tmp_path / "served", tok, arch="llama", hidden=64, heads=2)
+    port = _free_port()
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tmp_path / "served"),
+        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--seed", "0",
+        "--worker-extension-cls", "grpo.generation.vllm_worker_extension.WeightReceiver",
+        "--logprobs-mode", "processed_logprobs", "--enforce-eager", "--kv-cache-memory-bytes", str(2**30),
+    ]  # fmt: skip
+    log = open(tmp_path / "server.log", "w")  # noqa: SIM115 (closed below)
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                urllib.request.urlopen(url + "/v1/models", timeout=5)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    tail = (tmp_path / "server.log").read_text()[-3000:]
+                    pytest.fail(f"the vLLM server did not start (exit {proc.poll()}):\n{tail}")
+                time.sleep(1)
+        yield url, tmp_path / "served"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_server_engine_samples_and_takes_pushed_weights(tok: Any, vllm_server: tuple[str, Any]) -> None:
+    """`VLLMServerEngine` against a vLLM server process: samples carry the trainer's log-probs
+    (float32); after a push of weights with a zero final norm every sampled token has log-prob
+    -log(V), the trainer's too."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo.generation.vllm_server import VLLMServerEngine
+
+    url, served = vllm_server
+    model = AutoModelForCausalLM.from_pretrained(str(served), dtype=torch.float32)
+    policy = CausalLMPolicy(
+        model, tok, max_new_tokens=8, temperature=0.8, autocast=False, logprob_chunk_size=None
+    )
+    with VLLMServerEngine(url, policy, seed=0) as engine:
+        gen = engine.submit(PROMPTS, 4, with_log_probs=True).result()
+        assert [len(g) for g in gen.actions] == [4, 4, 4]
+        assert _max_gap(policy, gen) < 1e-5
+        with torch.no_grad():
+            policy.model.model.norm.weight.zero_()
+        engine.sync(policy, 1)
+        assert engine.last_sync_bytes == sum(p.numel() * 4 for p in policy.model.parameters())
+        gen2 = engine.submit(PROMPTS, 4, with_log_probs=True).result()
+        assert gen2.version == 1
+        out = cast(Any, gen2.log_probs)
+        logp, mask = out.log_probs, out.mask
+        uniform = -math.log(policy.model.config.vocab_size)
+        assert torch.allclose(logp[mask], torch.full_like(logp[mask], uniform), atol=1e-5)
+        assert _max_gap(policy, gen2) < 1e-5
