@@ -21,6 +21,9 @@ batch in a worker process while this one updates); its step time is the interval
 ends, as TRL's, and it also reports the worker's peak memory and the weight-sync time.
 ``ENGINE:K:generate`` samples with Hugging Face ``generate`` instead of the KV-cache loop
 (``CausalLMPolicy(decoding="generate")``; default ``auto``), to measure the loop's share.
+``trl-vllm``: TRL with ``use_vllm=True, vllm_mode="colocate"`` (vLLM in the trainer's process),
+run with ``--trl-python`` and this script both in one environment that has vLLM (on a CPU
+machine, the CPU build: docs/llm.md, "Installing vLLM"), so both sides use the same vLLM build.
 ``--bf16`` (CUDA only): float32 weights with bf16 autocast on both sides (grpo's
 `CausalLMPolicy(autocast=True)`, TRL's ``bf16=True``); without it both run in float32.
 """
@@ -93,7 +96,7 @@ class Clock(TrainerCallback):
         if logs and "completions/mean_length" in logs: self.lengths.append(logs["completions/mean_length"])
 def main():
     model_dir, steps, device, prompts = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
-    bf16 = sys.argv[5] == "1"
+    bf16, use_vllm = sys.argv[5] == "1", len(sys.argv) > 6 and sys.argv[6] == "vllm"
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -104,7 +107,8 @@ def main():
                      beta=0.0,
                      max_steps=steps + 1, logging_steps=1, report_to="none",
                      use_cpu=not device.startswith("cuda"),
-                     save_strategy="no", shuffle_dataset=False, seed=0, bf16=bf16)
+                     save_strategy="no", shuffle_dataset=False, seed=0, bf16=bf16,
+                     **({"use_vllm": True, "vllm_mode": "colocate"} if use_vllm else {}))
     trainer = GRPOTrainer(model=model, reward_funcs=sevens, args=cfg, train_dataset=ds, processing_class=tok,
                           callbacks=[clock])
     trainer.train()
@@ -155,17 +159,21 @@ def main() -> None:
     p.add_argument(
         "--model", choices=["tiny", "qwen2-0.5b"], default="tiny", help="architecture (random weights)"
     )
+    p.add_argument(
+        "--heads", type=int, default=4,
+        help="attention heads of --model tiny (2: head size 32, which vLLM's CPU attention needs)",
+    )  # fmt: skip
     p.add_argument("--bf16", action="store_true", help="bf16 autocast on both sides (CUDA only)")
     p.add_argument(
         "--sides", nargs="+", default=["hf:0", "worker:1", "trl"],
         help="what to measure, alternating in each round: ENGINE:K (grpo with generation_engine=ENGINE, "
-        "async_staleness=K) or trl",
+        "async_staleness=K), trl, or trl-vllm (TRL with use_vllm=True, vllm_mode='colocate')",
     )  # fmt: skip
     p.add_argument("--rounds", type=int, default=3, help="rounds; each runs every side once, in turn")
     a = p.parse_args()
     if a.bf16 and not a.device.startswith("cuda"):
         p.error("--bf16 needs --device cuda (grpo's autocast is CUDA-only)")
-    model_dir, name, params, vocab = _model(a.model)
+    model_dir, name, params, vocab = _model(a.model, a.heads)
     print(
         f"{name}, {params / 1e6:.2f}M parameters, vocab {vocab}; 8 prompts x 8 generations, 32 new "
         f"tokens, {a.steps} timed steps on {a.device}, {'bf16 autocast' if a.bf16 else 'float32'}; "
@@ -184,14 +192,14 @@ def main() -> None:
     _report(results)
 
 
-def _model(kind: str) -> tuple[str, str, int, int]:
+def _model(kind: str, heads: int = 4) -> tuple[str, str, int, int]:
     from grpo.llm.tiny import build_tiny_model, build_tiny_tokenizer
 
     model_dir = tempfile.mkdtemp(prefix="grpo_bench_")
     tok = build_tiny_tokenizer(model_dir)
     if kind == "tiny":
-        model = build_tiny_model(model_dir, tok, hidden=64, layers=2)
-        name = "tiny Llama (hidden 64, 2 layers)"
+        model = build_tiny_model(model_dir, tok, hidden=64, layers=2, heads=heads)
+        name = f"tiny Llama (hidden 64, 2 layers, {heads} heads)"
     else:
         model = build_tiny_model(
             model_dir, tok, arch="qwen2", hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864,
@@ -202,11 +210,12 @@ def _model(kind: str) -> tuple[str, str, int, int]:
 
 
 def _measure(side: str, a: argparse.Namespace, model_dir: str) -> dict[str, float] | None:
-    if side == "trl":
+    if side in ("trl", "trl-vllm"):
         if not Path(a.trl_python).exists():
             print(f"TRL not found at {a.trl_python}; only grpo is measured")
             return None
-        return run(a.trl_python, TRL, model_dir, a.steps, a.device, a.bf16)
+        extra = ["vllm"] if side == "trl-vllm" else []
+        return run(a.trl_python, TRL, model_dir, a.steps, a.device, a.bf16, extra)
     engine, k, *decoding = side.split(":")
     return run(
         sys.executable, OURS, model_dir, a.steps, a.device, a.bf16, (engine, k, *(decoding or ["auto"]))

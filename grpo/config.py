@@ -535,7 +535,8 @@ class GRPOConfig:
             "trainer's process (Hugging Face generate for a language model; today's synchronous "
             "step); 'worker' = a copy of the policy in its own process that receives the trainable "
             "weights after each update through shared memory (a language model: only the LoRA "
-            "weights move for a LoRA policy); 'vllm' = vLLM (pip install 'torch-grpo[vllm]', CUDA). "
+            "weights move for a LoRA policy); 'vllm' = vLLM in the trainer's process (CUDA: pip "
+            "install 'torch-grpo[vllm]'; CPU: vLLM's CPU build, docs/llm.md 'Installing vLLM'). "
             "docs/llm.md, Generation engines."
         ),
     )

@@ -13,7 +13,8 @@ Three engines satisfy the protocol:
   weights, nothing to sync; exactly today's synchronous step.
 - `grpo.generation.worker.WorkerEngine` (``"worker"``): a copy of the policy in its own process
   that receives the trainable weights after each update through shared memory.
-- `grpo.generation.vllm_engine.VLLMEngine` (``"vllm"``, optional extra, CUDA): vLLM.
+- `grpo.generation.vllm_engine.VLLMEngine` (``"vllm"``, optional): vLLM in the
+  trainer's process, on CUDA or with vLLM's CPU build.
 
 ``submit`` starts a generation and returns a handle; `PendingGeneration.result` waits for it.
 An engine with its own weights (worker, vLLM) runs the generations and weight syncs it is given

