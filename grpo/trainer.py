@@ -268,6 +268,12 @@ class GRPOTrainer(TrainerStateMixin):
         return reference_module(self.reference_policy, self.backend)
 
     @property
+    def adaptive_lr(self) -> AdaptiveLR | None:
+        """The controller of ``config.adaptive_lr_kl`` (`grpo.update.adaptive_lr`); None when off
+        or when nothing is trained."""
+        return None if self._update is None else self._update.adaptive_lr
+
+    @property
     def non_finite_steps(self) -> int:
         """Steps whose update was undone because the loss or the gradient was NaN/inf."""
         return int(self.guard.non_finite_steps)

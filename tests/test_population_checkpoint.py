@@ -121,6 +121,8 @@ def test_load_restores_the_population(saved: tuple[Population, Path]) -> None:
         assert o.hp == m.hp
         assert o.fitness == m.fitness
         assert o.samples == m.samples
+        assert (o.train_env_steps, o.eval_env_steps) == (m.train_env_steps, m.eval_env_steps)
+        assert o.train_env_steps == 2 * 2 * 4 * 4  # 2 generations x 2 steps x B x G (actions)
         assert o.trainer.config.learning_rate == m.hp["learning_rate"]
         assert o.trainer.optimizer.param_groups[0]["lr"] == m.trainer.optimizer.param_groups[0]["lr"]
         assert torch.equal(
@@ -165,6 +167,7 @@ def _tamper(root: Path, edit: Any) -> None:
         (lambda s: s["history"][0]["parents"].__setitem__(0, 9), r"parents must be slots in \[0, 4\)"),
         (lambda s: s["history"][1]["mutations"][2].update(name="os.system"), "a declared hyperparameter"),
         (lambda s: s.update(extra=1), "has the keys"),
+        (lambda s: s["members"][0].update(eval_env_steps=-3), "eval_env_steps: must be integers >= 0"),
     ],
 )
 def test_tampered_population_json_is_refused_before_any_change(
@@ -188,6 +191,15 @@ def test_tampered_population_json_is_refused_before_any_change(
     assert fresh2.generation == 0
     for m, b in zip(fresh2.members, before, strict=True):
         assert torch.equal(next(iter(m.trainer.policy.get_parameters().values())), b)
+
+
+def test_a_checkpoint_without_env_step_counts_loads_them_as_0(saved: tuple[Population, Path]) -> None:
+    """population.json before grpo 0.3 held no env-step counts: it loads, the counts from 0."""
+    _, root = saved
+    _tamper(root, lambda s: [(m.pop("train_env_steps"), m.pop("eval_env_steps")) for m in s["members"]])
+    other = build()
+    assert other.load_checkpoint(root).name == "gen-00000002"
+    assert [(m.train_env_steps, m.eval_env_steps) for m in other.members] == [(0, 0)] * 4
 
 
 def test_not_json_and_interrupted_saves(saved: tuple[Population, Path]) -> None:

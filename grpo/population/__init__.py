@@ -7,7 +7,8 @@ selection with elitism / clone through state dicts / mutation; the modules, one 
 * `grpo.population.settings`: setting a hyperparameter in a live trainer (optimizer, schedule,
   objective) so that the next step uses it;
 * `grpo.population.selection`: tournament selection with elitism, the mutations drawn;
-* `grpo.population.member`: `Member` (a slot: ``index``, trainer, hyperparameters, fitness);
+* `grpo.population.member`: `Member` (a slot: ``index``, trainer, hyperparameters, fitness, cost);
+* `grpo.population.cost`: what a slot's training and fitness cost, in the env's units;
 * `grpo.population.layout`: all slots in one process, or one per process under torchrun;
 * `grpo.population.shared_weights`: members sharing one model (LoRA adapters over one base);
 * `grpo.population.checkpoint`: the population's checkpoints on disk;
@@ -25,9 +26,14 @@ from grpo.population.hyperparameters import (
 )
 from grpo.population.lineage import GenerationRecord, plot_lineage
 from grpo.population.member import Member
-from grpo.population.population import MemberFactory, MutationHook, Population, population
+from grpo.population.population import MemberFactory, MutationHook, Population, build_alone, population
 from grpo.population.selection import Mutation, choose_mutations, elite_index, tournament_parents
-from grpo.population.settings import apply_hyperparameters, read_hyperparameters, set_learning_rate
+from grpo.population.settings import (
+    apply_hyperparameters,
+    checked_config,
+    read_hyperparameters,
+    set_learning_rate,
+)
 from grpo.population.shared_weights import SharedWeights, parameter_bytes, shares_weights
 
 __all__ = [
@@ -42,6 +48,8 @@ __all__ = [
     "RLParameter",
     "SharedWeights",
     "apply_hyperparameters",
+    "build_alone",
+    "checked_config",
     "choose_mutations",
     "elite_index",
     "mutate_value",

@@ -5,7 +5,8 @@ A checkpoint root holds one directory per saved generation::
     <root>/
         gen-00000003/                 the population after 3 generations, complete or absent
             population.json           generation, step, seed, the selection RNG's state, each
-                                      slot's hyperparameters / fitness history / samples, and the
+                                      slot's hyperparameters / fitness history / samples / env
+                                      steps (training, evaluation), and the
                                       history (`grpo.population.lineage.GenerationRecord`)
             member-0/step-XXXXXXXX/   slot 0's trainer checkpoint (`grpo.state.checkpoint`: weights,
                                       optimizer, scheduler, generator, and the slot's own RNG streams)
@@ -218,8 +219,11 @@ def _hp_problem(hp: Any, hp_config: HyperparameterConfig) -> str | None:
 
 
 def _member_problem(m: Any, i: int, hp_config: HyperparameterConfig, generation: int) -> str | None:
-    if not isinstance(m, dict) or set(m) != {"index", "hp", "fitness", "samples"}:
-        return "must be {index, hp, fitness, samples}"
+    keys, costs = {"index", "hp", "fitness", "samples"}, {"train_env_steps", "eval_env_steps"}
+    if not isinstance(m, dict) or set(m) not in (keys, keys | costs):  # costs: absent before grpo 0.3
+        return "must be {index, hp, fitness, samples[, train_env_steps, eval_env_steps]}"
+    if any(not _is_int(m[k]) for k in costs & set(m)):
+        return "train_env_steps, eval_env_steps: must be integers >= 0"
     if m["index"] != i:
         return f"index is {m['index']!r}; expected {i}"
     fit = m["fitness"]

@@ -22,7 +22,11 @@ class Member:
         trainer: the slot's `GRPOTrainer`; None on processes that do not hold the slot (one member
             per process under torchrun).
         fitness: the fitness measured at the end of each generation, oldest first.
-        samples: actions sampled by this slot's trainer steps so far (states x G per step).
+        samples: actions sampled by this slot's trainer steps so far (states x G per step; for an
+            episode policy these are episodes, not env steps).
+        train_env_steps: env steps (for a policy without an env-step counter: actions) drawn by
+            this slot's trainer steps so far (grpo/population/cost.py says exactly what counts).
+        eval_env_steps: env steps (or actions) drawn by measuring this slot's fitness so far.
         step_metrics: the metrics of the slot's trainer steps in the current generation, one dict
             per step, set before its fitness is measured (on the process that trains the slot).
             A fitness on the training reward costs nothing more:
@@ -37,8 +41,15 @@ class Member:
     trainer: GRPOTrainer | None = None
     fitness: list[float] = field(default_factory=list)
     samples: int = 0
+    train_env_steps: int = 0
+    eval_env_steps: int = 0
     step_metrics: list[dict[str, float]] = field(default_factory=list)
     rng: tuple[Any, ...] | None = None
+
+    @property
+    def env_steps(self) -> int:
+        """The slot's whole cost so far: ``train_env_steps + eval_env_steps``."""
+        return self.train_env_steps + self.eval_env_steps
 
     def require_trainer(self) -> GRPOTrainer:
         """The trainer, or a `RuntimeError` on a process that does not hold this slot."""

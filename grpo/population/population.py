@@ -11,7 +11,9 @@ One generation (`Population.evolve`), for P slots::
     4. clone     slot j <- parent[j]'s trainer state (``trainer.load_state_dict(parent.state_dict())``:
                  weights, optimizer moments, LR schedule, counters) and hyperparameters
     5. mutate    one declared hyperparameter of each non-elite slot, grown or shrunk and clamped,
-                 set in the live trainer (grpo/population/settings.py); hooks called
+                 set in the live trainer (grpo/population/settings.py); hooks called. Every
+                 slot's new values are checked (`checked_config`) before step 4 changes any
+                 slot: a value a slot refuses raises with every slot as it was after training
     6. record    a `GenerationRecord` (fitness, parents, mutations, hyperparameters), metrics to
                  the sinks, a checkpoint of the whole population (grpo/population/checkpoint.py)
 
@@ -28,7 +30,11 @@ slot's RNG streams and the selection RNG).
 Metrics in the sinks: one record per population step (the slots' k-th steps of a generation
 together), each step metric of slot i under ``member{i}/<name>`` (``member2/reward/mean``); the
 generation's last record also holds ``member{i}/fitness``, ``member{i}/hp/<name>``,
-``population/generation``, ``population/best_fitness`` and ``population/samples``.
+``member{i}/train_env_steps``, ``member{i}/eval_env_steps``, ``population/generation``,
+``population/best_fitness``, ``population/samples`` (the trainer steps' actions, B x G per
+step, summed over the slots) and the whole cost in the env's units (grpo/population/cost.py):
+``population/train_env_steps``, ``population/eval_env_steps`` and ``population/env_steps``
+(their sum), all cumulative.
 """
 
 from __future__ import annotations
@@ -45,18 +51,19 @@ import numpy as np
 import torch
 
 from grpo.population import checkpoint as files
+from grpo.population.cost import counted_env_steps
 from grpo.population.hyperparameters import HyperparameterConfig, checked_starts
 from grpo.population.layout import MemberLayout, choose_layout
 from grpo.population.lineage import GenerationRecord
 from grpo.population.member import Member, cloned_tree
 from grpo.population.selection import Mutation, choose_mutations, elite_index, tournament_parents
-from grpo.population.settings import apply_hyperparameters, read_hyperparameters
+from grpo.population.settings import apply_hyperparameters, checked_config, read_hyperparameters
 from grpo.population.shared_weights import SharedWeights, shares_weights
 from grpo.state.checkpoint import capture_rng, load_checkpoint, restore_rng, save_checkpoint
 from grpo.trainer import GRPOTrainer
 from grpo.training.sources import iter_state_batches, num_states
 
-__all__ = ["MemberFactory", "MutationHook", "Population", "population"]
+__all__ = ["MemberFactory", "MutationHook", "Population", "build_alone", "member_seed", "population"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +82,45 @@ def _seed_globals(s: int) -> None:
     random.seed(s)
     np.random.seed(s)
     torch.manual_seed(s)
+
+
+def _build_slot(
+    make_member: MemberFactory, hp: Mapping[str, float], seed: int, index: int
+) -> tuple[GRPOTrainer, tuple[Any, ...]]:
+    """Slot ``index``'s trainer, built on the global RNGs seeded with ``member_seed(seed, index)``
+    and given ``hp``, and the slot's training RNG streams (seeded ``member_seed ^ 0x5EED``). Leaves
+    the global RNGs on those streams."""
+    _seed_globals(member_seed(seed, index))
+    trainer = make_member(dict(hp))
+    _check_member(trainer, index)
+    apply_hyperparameters(trainer, hp)  # the slot's values, whatever the factory did
+    _seed_globals(member_seed(seed, index) ^ 0x5EED)
+    return trainer, capture_rng()
+
+
+def build_alone(
+    make_member: MemberFactory,
+    hyperparameters: Mapping[str, float],
+    index: int,
+    *,
+    seed: int = 0,
+    hp_config: HyperparameterConfig | None = None,
+) -> GRPOTrainer:
+    """Slot ``index`` of ``Population(make_member, starts, ..., seed=seed)`` outside the population,
+    with ``hyperparameters = starts[index]``: the same initial weights (built on the same seeded
+    RNGs), the same values set, and the process's global RNG streams (Python, NumPy, torch) left
+    on the slot's training streams. Its first ``trainer.step(states)`` is then bitwise the slot's
+    first step in the population (same ``states``); later steps differ once the population clones
+    or mutates the slot. For comparisons: "slot i alone" is a run from the same start without
+    selection. ``hp_config``: check ``hyperparameters`` against the declared ranges, as the
+    population does."""
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ValueError(f"build_alone: index={index!r} must be a slot number >= 0.")
+    hp = dict(hyperparameters)
+    if hp_config is not None:
+        hp = checked_starts(hp_config, [hp])[0]
+    trainer, _ = _build_slot(make_member, hp, int(seed), index)
+    return trainer
 
 
 class Population:
@@ -152,13 +198,7 @@ class Population:
         try:
             for i in self.layout.local(len(self.members)):
                 m = self.members[i]
-                _seed_globals(member_seed(self.seed, i))
-                trainer = make_member(dict(m.hp))
-                _check_member(trainer, i)
-                apply_hyperparameters(trainer, m.hp)  # the slot's values, whatever the factory did
-                m.trainer = trainer
-                _seed_globals(member_seed(self.seed, i) ^ 0x5EED)
-                m.rng = capture_rng()
+                m.trainer, m.rng = _build_slot(make_member, m.hp, self.seed, i)
         finally:
             restore_rng(outer)
         local = {m.index: m.require_trainer() for m in self.local_members}
@@ -232,10 +272,10 @@ class Population:
         step_metrics = self.layout.gather({m.index: self._train(m, steps, source) for m in local})
         fitness_map = self.layout.gather({m.index: self._fitness(m) for m in local})
         fitness = [fitness_map[i] for i in range(self.size)]
-        samples = self.layout.gather({m.index: m.samples for m in local})
+        costs = self.layout.gather({m.index: (m.samples, m.train_env_steps, m.eval_env_steps) for m in local})
         for m in self.members:
-            m.fitness.append(fitness[m.index])
-            m.samples = int(samples[m.index])
+            m.samples, m.train_env_steps, m.eval_env_steps = (int(c) for c in costs[m.index])
+        rng_before = self.rng.getstate()
         elite = elite_index(fitness) if self.elitism else None
         parents = tournament_parents(
             fitness, self.rng, tournament_size=self.tournament_size, elitism=self.elitism
@@ -244,11 +284,18 @@ class Population:
         mutations = choose_mutations(
             hps, parents, self.hp_config, self.rng, elite=elite, no_mutation=self.no_mutation
         )
-        self._clone_slots(parents, elite)
         new_hps = [dict(hps[p]) for p in parents]
         for j, mut in enumerate(mutations):
             if mut.name is not None:
                 new_hps[j][mut.name] = mut.new
+        try:
+            self._check_new_hyperparameters(new_hps, parents, mutations, elite)
+        except ValueError:
+            self.rng.setstate(rng_before)  # the selection is dropped with the generation
+            raise
+        for m in self.members:
+            m.fitness.append(fitness[m.index])
+        self._clone_slots(parents, elite)
         self._set_hyperparameters(new_hps, parents, mutations, elite)
         record = GenerationRecord(
             self.generation, tuple(fitness), elite, tuple(parents), tuple(mutations),
@@ -264,25 +311,65 @@ class Population:
         )  # fmt: skip
         return record
 
+    def _check_new_hyperparameters(
+        self,
+        new_hps: Sequence[Mapping[str, float]],
+        parents: Sequence[int],
+        mutations: Sequence[Mutation],
+        elite: int | None,
+    ) -> None:
+        """Every slot's new values through `checked_config` (on the process holding the slot)
+        before any slot is cloned or changed; the first refusal raises on every process."""
+        problems = {}
+        for m in self.local_members:
+            if m.index == elite:
+                continue
+            try:
+                checked_config(m.require_trainer(), new_hps[m.index])
+            except (ValueError, TypeError, NotImplementedError) as e:
+                problems[m.index] = f"{type(e).__name__}: {e}"
+        gathered = self.layout.gather(problems)
+        if gathered:
+            j = min(gathered)
+            mut = mutations[j]
+            change = "no mutation" if mut.name is None else f"mutation {mut.name} {mut.old} -> {mut.new}"
+            raise ValueError(
+                f"generation {self.generation}: slot {j} refuses its new hyperparameters {dict(new_hps[j])} "
+                f"(slot {parents[j]}'s values, {change}): {gathered[j]} No slot was changed (the "
+                f"generation's training is kept, its selection dropped). Narrow the declared "
+                f"RLParameter range so that every value in it is valid for the members' config."
+            )
+
     def _train(self, member: Member, steps: int, source: Any) -> list[dict[str, float]]:
         """``steps`` trainer steps of one slot on its own RNG streams."""
         with self.acting(member) as trainer:
             batches = iter_state_batches(source, trainer.config.batch_size, start=trainer.step_count)
             out = []
+            counted, sampled = counted_env_steps(trainer.policy), 0
             for _ in range(steps):
                 states = next(batches)
                 out.append(trainer.step(states))
-                member.samples += (num_states(states) or 0) * trainer.config.group_size
+                sampled += (num_states(states) or 0) * trainer.config.group_size  # the step's G
+            member.samples += sampled
+            after = counted_env_steps(trainer.policy)
+            played = sampled if counted is None or after is None else after - counted
+            member.train_env_steps += played  # grpo/population/cost.py
         member.step_metrics = out
         return out
 
     def _fitness(self, member: Member) -> float:
         """The slot's fitness (NaN counts as the worst in selection)."""
         with self.acting(member) as trainer:
+            counted = counted_env_steps(trainer.policy)
             if self.fitness_fn is not None:
                 value = self.fitness_fn(member)
             else:
                 value = trainer.evaluate(self.eval_states, seed=self.eval_seed)["eval/reward/mean"]
+            after = counted_env_steps(trainer.policy)
+            if counted is not None and after is not None:
+                member.eval_env_steps += after - counted  # grpo/population/cost.py
+            elif self.fitness_fn is None:
+                member.eval_env_steps += (num_states(self.eval_states) or 0) * trainer.config.group_size
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"the fitness of member {member.index} is {value!r}; expected a number.")
         return float(value)
@@ -344,11 +431,26 @@ class Population:
                 for i, m in enumerate(self.members):
                     row[f"member{i}/fitness"] = record.fitness[i]
                     row.update({f"member{i}/hp/{n}": float(v) for n, v in m.hp.items()})
+                    row[f"member{i}/train_env_steps"] = float(m.train_env_steps)
+                    row[f"member{i}/eval_env_steps"] = float(m.eval_env_steps)
                 row["population/generation"] = float(record.generation)
                 row["population/best_fitness"] = record.best_fitness
                 row["population/samples"] = float(sum(record.samples))
+                row.update(self.cost_metrics())
             for sink in self.sinks:
                 sink.write(row, self.step + k + 1)
+
+    def cost_metrics(self) -> dict[str, float]:
+        """The population's whole cost so far in the env's units (grpo/population/cost.py):
+        ``population/train_env_steps``, ``population/eval_env_steps``, ``population/env_steps``
+        (their sum), each summed over the slots."""
+        train = sum(m.train_env_steps for m in self.members)
+        evaluation = sum(m.eval_env_steps for m in self.members)
+        return {
+            "population/train_env_steps": float(train),
+            "population/eval_env_steps": float(evaluation),
+            "population/env_steps": float(train + evaluation),
+        }
 
     # ---- checkpoints -------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -360,7 +462,14 @@ class Population:
             "seed": self.seed,
             "rng": [version, list(ints), gauss],
             "members": [
-                {"index": m.index, "hp": dict(m.hp), "fitness": list(m.fitness), "samples": m.samples}
+                {
+                    "index": m.index,
+                    "hp": dict(m.hp),
+                    "fitness": list(m.fitness),
+                    "samples": m.samples,
+                    "train_env_steps": m.train_env_steps,
+                    "eval_env_steps": m.eval_env_steps,
+                }
                 for m in self.members
             ],
             "history": [r.as_dict() for r in self.history],
@@ -408,6 +517,8 @@ class Population:
                 [float(f) for f in saved["fitness"]],
                 saved["samples"],
             )
+            m.train_env_steps = saved.get("train_env_steps", 0)  # absent before grpo 0.3: from 0
+            m.eval_env_steps = saved.get("eval_env_steps", 0)
         self.generation, self.step = state["generation"], state["step"]
         version, ints, gauss = state["rng"]
         self.rng.setstate((version, tuple(ints), gauss))

@@ -5,7 +5,19 @@ would not reach them. `apply_hyperparameters` changes every place a value is rea
 
 * ``learning_rate``: every optimizer param group's ``lr`` (and ``initial_lr``) and the LR
   scheduler's ``base_lrs``, all scaled by ``new / old`` base rate, so a warmup or decay schedule
-  keeps its position and multiplier ``m(s)``: the next optimizer step uses ``new * m(s)``;
+  keeps its position and multiplier ``m(s)``: the next optimizer step uses ``new * m(s)``. With
+  ``adaptive_lr_kl`` on, the adaptive range moves with the rate: with ``r = new / old`` (``old``
+  the config's ``learning_rate``)::
+
+      adaptive_lr_min <- min(r * adaptive_lr_min, new),   adaptive_lr_max <- max(r * adaptive_lr_max, new)
+
+  (the ``min`` / ``max`` only absorb rounding: ``old`` lay in the range, so ``new`` lies in the
+  scaled one), in the config and in the trainer's controller (`grpo.update.adaptive_lr`); the
+  adapted rate ``eta = base * scale`` is scaled by ``r`` with the base, so it keeps its place in
+  the range (and is clamped into it if it lay outside, e.g. after a clone from a slot whose range
+  had other ratios). The range is a band around the slot's rate: the ``small_policy`` recipe's
+  "never above the start" (``adaptive_lr_max == learning_rate``) stays "never above the slot's
+  current rate";
 * ``clip_epsilon``: ``trainer.objective.eps_low`` (and ``eps_high`` when ``clip_epsilon_high``
   is None);
 * ``kl_coeff``: ``trainer.objective.kl_coeff`` (0 in the loss with ``kl_penalty='reward'``,
@@ -19,6 +31,9 @@ checkpoints, `GRPOTrainer.evaluate` and the stall watch see the new values. The 
 constant cache is keyed by its coefficients (`grpo.algorithms.objective_statistics.ConstantCache`),
 so the changed coefficients take effect in the next loss. The optimizer's moment estimates
 (Adam's ``exp_avg``, ``exp_avg_sq``, ``step``) are kept: only the step size changes.
+
+`checked_config` runs every check of `apply_hyperparameters` and returns the config it would set,
+changing nothing: a population validates every slot's new values before it changes any slot.
 
 Values that would switch a part of the trainer on or off are refused (``kl_coeff`` or
 ``entropy_coeff`` crossing 0: a reference policy and the entropy's gradient are decided at
@@ -36,7 +51,7 @@ import torch
 
 from grpo.trainer import GRPOTrainer
 
-__all__ = ["apply_hyperparameters", "read_hyperparameters", "set_learning_rate"]
+__all__ = ["apply_hyperparameters", "checked_config", "read_hyperparameters", "set_learning_rate"]
 
 _CONFIG_FIELDS = ("learning_rate", "clip_epsilon", "kl_coeff", "entropy_coeff", "group_size")
 
@@ -54,12 +69,12 @@ def read_hyperparameters(trainer: GRPOTrainer, names: Iterable[str]) -> dict[str
     return out
 
 
-def apply_hyperparameters(trainer: GRPOTrainer, hp: Mapping[str, float]) -> None:
-    """Set ``hp`` (name -> value, names of `grpo.population.MUTABLE`) in ``trainer`` so that its
-    next step uses them (the module docstring lists where each goes). Every value is checked
-    before anything changes."""
+def checked_config(trainer: GRPOTrainer, hp: Mapping[str, float]) -> Any:
+    """The `GRPOConfig` that `apply_hyperparameters(trainer, hp)` would give ``trainer``, after
+    every check it makes (names, switches, the fused loss, the temperature, the optimizer, the
+    config's own validation); raises the same errors and changes nothing."""
     cfg = trainer.config
-    changes = {k: v for k, v in hp.items() if k in _CONFIG_FIELDS}
+    changes: dict[str, Any] = {k: v for k, v in hp.items() if k in _CONFIG_FIELDS}
     unknown = sorted(set(hp) - set(_CONFIG_FIELDS) - {"temperature"})
     if unknown:
         raise ValueError(
@@ -71,13 +86,26 @@ def apply_hyperparameters(trainer: GRPOTrainer, hp: Mapping[str, float]) -> None
             "use_liger_loss=True builds Liger's loss with clip_epsilon and kl_coeff once; mutate other "
             "hyperparameters, or train with use_liger_loss=False."
         )
-    new_cfg = dataclasses.replace(cfg, **changes)  # __post_init__ validates (ValueError naming the field)
-    holder = _temperature_holder(trainer) if "temperature" in hp else None
-    if holder is not None and not (math.isfinite(hp["temperature"]) and hp["temperature"] > 0):
-        raise ValueError(f"temperature={hp['temperature']} must be a finite number > 0.")
+    if "temperature" in hp:
+        _temperature_holder(trainer)
+        if not (math.isfinite(hp["temperature"]) and hp["temperature"] > 0):
+            raise ValueError(f"temperature={hp['temperature']} must be a finite number > 0.")
     if "learning_rate" in changes:
-        set_learning_rate(trainer, float(changes["learning_rate"]))
+        _check_learning_rate(trainer, float(changes["learning_rate"]))
+        changes.update(_moved_adaptive_range(cfg, float(changes["learning_rate"])))
+    return dataclasses.replace(cfg, **changes)  # __post_init__ validates (ValueError naming the field)
+
+
+def apply_hyperparameters(trainer: GRPOTrainer, hp: Mapping[str, float]) -> None:
+    """Set ``hp`` (name -> value, names of `grpo.population.MUTABLE`) in ``trainer`` so that its
+    next step uses them (the module docstring lists where each goes). Every value is checked
+    (`checked_config`) before anything changes."""
+    new_cfg = checked_config(trainer, hp)
+    if "learning_rate" in hp:
+        set_learning_rate(trainer, float(hp["learning_rate"]))
     trainer.config = new_cfg
+    if trainer.adaptive_lr is not None:
+        trainer.adaptive_lr.set_bounds(new_cfg.adaptive_lr_min, new_cfg.adaptive_lr_max)
     obj = trainer.objective
     obj.eps_low = new_cfg.clip_epsilon
     obj.eps_high = new_cfg.resolved_clip_epsilon_high
@@ -86,8 +114,20 @@ def apply_hyperparameters(trainer: GRPOTrainer, hp: Mapping[str, float]) -> None
     trainer.stall_watch.kl_coeff = new_cfg.kl_coeff
     trainer.stall_watch.entropy_coeff = new_cfg.entropy_coeff
     trainer.collector.group_size = new_cfg.group_size
-    if holder is not None:
-        holder.temperature = float(hp["temperature"])
+    if "temperature" in hp:
+        _temperature_holder(trainer).temperature = float(hp["temperature"])
+
+
+def _moved_adaptive_range(cfg: Any, lr: float) -> dict[str, float]:
+    """``adaptive_lr_min`` / ``adaptive_lr_max`` scaled by ``lr / cfg.learning_rate`` (module
+    docstring); nothing when ``adaptive_lr_kl`` is off or the rate is unchanged."""
+    if cfg.adaptive_lr_kl is None or lr == cfg.learning_rate:
+        return {}
+    r = lr / cfg.learning_rate
+    return {
+        "adaptive_lr_min": min(cfg.adaptive_lr_min * r, lr),
+        "adaptive_lr_max": max(cfg.adaptive_lr_max * r, lr),
+    }
 
 
 def _check_switches(cfg: Any, changes: Mapping[str, float]) -> None:
@@ -121,6 +161,26 @@ def set_learning_rate(trainer: GRPOTrainer, lr: float) -> None:
     ``lr`` without a scheduler) every group's ``lr`` and ``initial_lr`` and every ``base_lrs``
     entry is multiplied by ``lr / b``: groups keep their ratios, a schedule keeps its position,
     and the next optimizer step uses ``lr * m(s)`` (`grpo.engine.lr_schedules`)."""
+    base = _check_learning_rate(trainer, lr)
+    opt, sched = trainer.optimizer, trainer.scheduler
+    assert opt is not None  # checked
+    base_lrs = getattr(sched, "base_lrs", None)
+    factor = lr / base
+    for group in opt.param_groups:
+        group["lr"] = group["lr"] * factor
+        if "initial_lr" in group:
+            group["initial_lr"] = group["initial_lr"] * factor
+    if base_lrs:
+        sched.base_lrs = [lr, *(b * factor for b in base_lrs[1:])]  # the first exactly lr
+    if isinstance(sched, torch.optim.lr_scheduler.LambdaLR):  # what its next step() sets, exactly
+        for group, b, fn in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True):
+            group["lr"] = b * fn(sched.last_epoch)
+    elif not base_lrs and len(opt.param_groups) == 1:
+        opt.param_groups[0]["lr"] = lr
+
+
+def _check_learning_rate(trainer: GRPOTrainer, lr: float) -> float:
+    """Refuse a rate `set_learning_rate` cannot set; returns the current base rate ``b``."""
     if not (math.isfinite(lr) and lr > 0):
         raise ValueError(f"learning_rate={lr} must be a finite number > 0.")
     opt, sched = trainer.optimizer, trainer.scheduler
@@ -135,15 +195,4 @@ def set_learning_rate(trainer: GRPOTrainer, lr: float) -> None:
         raise ValueError(
             f"set_learning_rate: the current base learning rate is {base}; it must be > 0 to rescale."
         )
-    factor = lr / base
-    for group in opt.param_groups:
-        group["lr"] = group["lr"] * factor
-        if "initial_lr" in group:
-            group["initial_lr"] = group["initial_lr"] * factor
-    if base_lrs:
-        sched.base_lrs = [lr, *(b * factor for b in base_lrs[1:])]  # the first exactly lr
-    if isinstance(sched, torch.optim.lr_scheduler.LambdaLR):  # what its next step() sets, exactly
-        for group, b, fn in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True):
-            group["lr"] = b * fn(sched.last_epoch)
-    elif not base_lrs and len(opt.param_groups) == 1:
-        opt.param_groups[0]["lr"] = lr
+    return base

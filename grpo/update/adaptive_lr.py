@@ -107,8 +107,22 @@ class AdaptiveLR:
             return
         lr = self.lr
         new = adapted_lr(lr, kl_sum / count, self.target_kl, self.lr_min, self.lr_max)
-        if new == lr:
-            return
+        if new != lr:
+            self._set_lr(new)
+
+    def set_bounds(self, lr_min: float, lr_max: float) -> None:
+        """New bounds of ``η`` (a population's learning-rate mutation moves them with the rate:
+        grpo/population/settings.py); ``η`` is clamped into ``[lr_min, lr_max]`` if it lies outside."""
+        if not 0.0 < lr_min <= lr_max:
+            raise ValueError(f"AdaptiveLR bounds need 0 < lr_min <= lr_max, got [{lr_min}, {lr_max}].")
+        self.lr_min, self.lr_max = float(lr_min), float(lr_max)
+        lr = self.lr
+        clamped = min(max(lr, self.lr_min), self.lr_max)
+        if clamped != lr:
+            self._set_lr(clamped)
+
+    def _set_lr(self, new: float) -> None:
+        """Make ``η = new``: the schedules' scale, and every group's ``lr`` at once."""
         scale = new / float(self.scheduler.base_lrs[0])
         for fn in self.schedules:
             fn.scale = scale
