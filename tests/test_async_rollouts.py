@@ -510,6 +510,9 @@ def test_completions_round_trip_exactly_and_bad_ids_are_refused() -> None:
     )
     state = generation_state(Generated([{"prompt": "x"}], groups, lp, 3))
     assert state is not None
+    tensors = [v for v in (*state.values(), *state["log_probs"].values()) if isinstance(v, Tensor)]
+    n, p, t, t_max = 2, 2 + 2, 3 + 1, 3  # samples, prompt and completion ids in all, longest
+    assert sum(v.numel() * v.element_size() for v in tensors) == 8 * (p + t + 2 * n) + 5 * n * t_max
     back = restored_generation(state, "p")
     assert back.version == 3
     assert back.states_digest == state["states_digest"]

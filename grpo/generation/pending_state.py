@@ -26,9 +26,9 @@ to ``state.json``; `grpo.state.checkpoint`)::
 
 Bytes on disk per pending completions batch, N = B*G samples, P / T the mean prompt / completion
 lengths, T_max the longest completion: ``8 N (P + T + 2)`` (ids and lengths, int64) ``+ 4 N T_max``
-(float32 log-probs; ``+ N T_max`` with a mask, ``+ 4 N T_max`` with entropy) ``+`` the JSON of the
-texts and flags (about ``len(text) + 40`` bytes a sample) ``+`` safetensors headers (~100 bytes a
-tensor). docs/llm.md gives the measured figure.
+(float32 log-probs; ``+ N T_max`` with a mask, as a language model's come, ``+ 4 N T_max`` with
+entropy) ``+`` the JSON of the texts and flags (about ``len(text) + 40`` bytes a sample) ``+``
+safetensors headers (~100 bytes a tensor). docs/llm.md gives the figure measured on a tiny model.
 
 `restored_generation` checks a loaded entry completely (types, dtypes, shapes, lengths, values)
 and raises `ValueError` naming the entry and the field; the checkpoint loader turns that into a
