@@ -161,10 +161,10 @@ class GRPOTrainer(TrainerStateMixin):
         self._update = self._update_parts()
         self.step_count = 0
         self._closed = self._warned_nothing_to_train = self._warned_batch_size = False
+        self._checkpoint_components: dict[str, Any] = {}
         self._start_engine()  # the sampler's log-probs are reported; an own-weights engine synced
         self.stall_watch = StallWatch.from_config(config, self.optimizer, self.scheduler)  # stall_watch.py
         self._check_schedule_length()
-        self._checkpoint_components: dict[str, Any] = {}
         self.reward_shift = self._make_reward_shift()  # step 7 (config.reward_shift_z), or None
 
     def _make_reward_shift(self) -> RewardShiftRestart | None:
@@ -233,7 +233,8 @@ class GRPOTrainer(TrainerStateMixin):
     def _start_engine(self) -> None:
         """The sampler's log-probs must come from somewhere: an engine with its own weights
         reports them (and gets the initial weights now, version 0); the in-process one asks the
-        policy's ``generate_actions_with_log_probs``."""
+        policy's ``generate_actions_with_log_probs``. With async rollouts the generations drawn
+        ahead are checkpointed (component ``"async_rollouts"``)."""
         cap = self.config.sampler_is_cap
         engine = self.collector.engine
         if engine.owns_weights and self.distributed is not None:
@@ -243,6 +244,8 @@ class GRPOTrainer(TrainerStateMixin):
                 f"process; under torchrun ({self.distributed.world_size} processes) use "
                 f"generation_engine='hf' and async_staleness=0."
             )
+        if isinstance(engine, PrefetchingEngine):
+            self._checkpoint_components["async_rollouts"] = engine
         if engine.owns_weights:
             self.sync_engine()
             return

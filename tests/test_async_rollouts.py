@@ -9,7 +9,9 @@ tested in tests/test_generation_worker.py.
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -233,7 +235,9 @@ def test_sigkill_at_random_points_neither_skips_nor_repeats_a_batch(tmp_path: An
     cmd = [sys.executable, "tests/data/async_kill_run.py", str(model_dir), str(out), str(steps), "1"]
     kills = 0
     for attempt in range(8):
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_script_env()
+        )
         if attempt < 3:  # kill at a random moment after this attempt has trained a step
             _wait_for_a_new_step(out / "metrics.jsonl", proc)
             time.sleep(rng.uniform(0.0, 0.15))
@@ -264,3 +268,266 @@ def _wait_for_a_new_step(metrics: Any, proc: Any, timeout: float = 120.0) -> Non
     start, t0 = count(), time.monotonic()
     while proc.poll() is None and count() <= start and time.monotonic() - t0 < timeout:
         time.sleep(0.02)
+
+
+def _comparable(record: dict[str, float]) -> dict[str, float | str]:
+    """A step record without its timings (the only keys that differ between equal runs), NaN as
+    the string "nan" (equal to itself)."""
+    timed = ("time/", "throughput/", "async/sync_seconds")
+    return {k: "nan" if v != v else v for k, v in record.items() if not k.startswith(timed)}
+
+
+@pytest.mark.parametrize(("k", "resume_at"), [(1, 3), (2, 3), (3, 4)])
+def test_a_resumed_async_run_is_the_uninterrupted_one_bit_for_bit(
+    k: int, resume_at: int, tmp_path: Any
+) -> None:
+    """The checkpoint holds the k generations drawn ahead (sampled by versions r-k .. r-1); the
+    resumed run trains on exactly them, so its batches, versions, records and weights are the
+    uninterrupted run's. Before the checkpoint held them, the resumed run sampled batches r ..
+    r+k-1 again with version r (``async/staleness`` 0 where the uninterrupted run had k)."""
+    runs = []
+    for resume in (None, tmp_path / "a" / f"step-{resume_at:08d}"):
+        t, seen, source = trainer(k, checkpoint_freq=1, checkpoint_keep_last=None), Seen(), Batches()
+        t.register_checkpoint_state("data", source)
+        out = tmp_path / ("a" if resume is None else "b")
+        state = t.train(source, 8, checkpoint_dir=out, resume_from=resume, progress=False, callbacks=[seen])
+        runs.append((seen, [_comparable(r) for r in state.history], t.policy.state_dict()))
+    (seen_a, records_a, weights_a), (seen_b, records_b, weights_b) = runs
+    assert seen_b.batches == seen_a.batches[resume_at:]
+    assert seen_b.versions == seen_a.versions[resume_at:]
+    assert [r["async/staleness"] for r in records_a[resume_at:]] == [float(k)] * (8 - resume_at)
+    assert records_b == records_a[resume_at:]
+    assert weights_b.keys() == weights_a.keys()
+    assert all(torch.equal(weights_a[n], weights_b[n]) for n in weights_a)
+
+
+def _script_env() -> dict[str, str]:
+    """The environment of a script run as a subprocess: this checkout's ``grpo`` first on the
+    path (a script's own directory comes first otherwise, and ``grpo`` would be the installed one)."""
+    import os
+
+    root = str(Path(__file__).resolve().parents[1])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+
+
+def _run_killed(cmd: list[str], out: Any, *, kills: int, seed: int) -> int:
+    """Run ``cmd`` (`tests/data/async_kill_run.py`) until it finishes, killing the first ``kills``
+    attempts with SIGKILL at a random moment (seeded) after each has written a new checkpoint;
+    the number of kills that landed."""
+    import random
+    import signal
+    import subprocess
+
+    rng, landed = random.Random(seed), 0
+    for attempt in range(kills + 3):
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_script_env()
+        )
+        if attempt < kills:
+            _wait_for_a_new_checkpoint(out / "checkpoints" / "latest", proc)
+            time.sleep(rng.uniform(0.0, 0.5))
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                landed += 1
+        _, err = proc.communicate(timeout=300)
+        if proc.returncode == 0:
+            return landed
+        assert proc.returncode == -signal.SIGKILL, err[-3000:]
+    raise AssertionError(f"the run did not finish after {kills + 3} attempts")
+
+
+def _wait_for_a_new_checkpoint(latest: Path, proc: Any, timeout: float = 300.0) -> None:
+    """Until ``latest`` names another checkpoint than when the attempt started (or it ended)."""
+
+    def name() -> str:
+        try:
+            return latest.read_text()
+        except OSError:
+            return ""
+
+    start, t0 = name(), time.monotonic()
+    while proc.poll() is None and name() == start and time.monotonic() - t0 < timeout:
+        time.sleep(0.01)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _run_output(out: Any) -> tuple[list[dict[str, float]], list[Any], dict[str, Tensor]]:
+    """A finished run's step records (without timings), per-step completions and final weights."""
+    import json
+
+    from safetensors.torch import load_file
+
+    records = [_comparable(json.loads(line)) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    completions = [
+        json.loads((out / "completions" / f"step-{r['step']:.0f}.json").read_text()) for r in records
+    ]
+    latest = (out / "checkpoints" / "latest").read_text().strip()
+    return records, completions, load_file(out / "checkpoints" / latest / "policy.safetensors")
+
+
+@pytest.mark.parametrize(
+    ("k", "steps", "kills"),
+    [
+        (1, 6, 1),
+        pytest.param(1, 10, 3, marks=pytest.mark.slow),
+        pytest.param(2, 10, 3, marks=pytest.mark.slow),
+    ],
+)
+def test_a_worker_run_killed_at_random_points_resumes_bit_for_bit(
+    k: int, steps: int, kills: int, tmp_path: Any
+) -> None:
+    """A tiny causal LM with a real generation worker k steps ahead, a checkpoint every step,
+    killed with SIGKILL at random moments (seeded) and resumed each time, equals the uninterrupted
+    run: the same step records (``async/staleness`` included), the same completions (token ids
+    and texts, with the versions that sampled them) at every step, the same final weights; and
+    no worker process outlives its trainer."""
+    import sys
+
+    from grpo.llm.tiny import build_tiny_model, build_tiny_tokenizer
+
+    model_dir = tmp_path / "model"
+    build_tiny_model(str(model_dir), build_tiny_tokenizer(str(model_dir)), hidden=16, layers=1)
+    outs = (tmp_path / "uninterrupted", tmp_path / "killed")
+    cmds = [
+        [sys.executable, "tests/data/async_kill_run.py", str(model_dir), str(o), str(steps), str(k)]
+        for o in outs
+    ]
+    assert _run_killed(cmds[0], outs[0], kills=0, seed=0) == 0
+    landed = _run_killed(cmds[1], outs[1], kills=kills, seed=k)
+    assert landed >= 1
+    starts = [int(s) for s in (outs[1] / "starts.txt").read_text().split()]
+    assert any(0 < s < steps for s in starts), starts  # resumed from a checkpoint, then trained
+    (records_a, completions_a, weights_a), (records_b, completions_b, weights_b) = map(_run_output, outs)
+    assert [r["step"] for r in records_b] == list(range(1, steps + 1))
+    assert [r["async/staleness"] for r in records_a[k:]] == [float(k)] * (steps - k)
+    assert records_b == records_a
+    assert completions_b == completions_a
+    assert weights_b.keys() == weights_a.keys()
+    assert all(torch.equal(weights_a[n], weights_b[n]) for n in weights_a)
+    pids = [int(p) for out in outs for p in (out / "worker_pids.txt").read_text().split()]
+    assert len(pids) >= 2 + landed
+    deadline = time.monotonic() + 30
+    while any(map(_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_alive, pids)), [p for p in pids if _alive(p)]
+
+
+def _saved_async_run(k: int, tmp_path: Path) -> tuple[GRPOTrainer, Path]:
+    """A run of 5 steps (k ahead) checkpointed every step; the trainer and step 2's checkpoint."""
+    t, source = trainer(k, checkpoint_freq=1, checkpoint_keep_last=None), Batches()
+    t.register_checkpoint_state("data", source)
+    t.train(source, 5, checkpoint_dir=tmp_path, progress=False)
+    return t, tmp_path / "step-00000002"
+
+
+def test_a_tampered_pending_generation_is_refused_and_nothing_changes(tmp_path: Path) -> None:
+    """A checkpoint is untrusted: a pending generation's bad field is one CheckpointError naming
+    it, raised before the trainer changes (its weights and step count stay)."""
+    import json
+
+    from grpo.state.checkpoint import CheckpointError
+
+    _, ckpt = _saved_async_run(1, tmp_path)
+    meta = json.loads((ckpt / "state.json").read_text())
+    assert meta["tree"]["components"]["async_rollouts"]["pending"][0]["version"] == 1
+    meta["tree"]["components"]["async_rollouts"]["pending"][0]["version"] = -1
+    (ckpt / "state.json").write_text(json.dumps(meta))
+    fresh = trainer(1)
+    fresh.register_checkpoint_state("data", Batches())
+    before = {n: p.clone() for n, p in fresh.policy.state_dict().items()}  # type: ignore[attr-defined]
+    with pytest.raises(
+        CheckpointError, match=r"async_rollouts\.pending\[0\]\.version: must be an integer >= 0"
+    ):
+        fresh.load_checkpoint(ckpt)
+    assert fresh.step_count == 0
+    assert all(torch.equal(p, before[n]) for n, p in fresh.policy.state_dict().items())  # type: ignore[attr-defined]
+
+
+def test_more_pending_generations_than_the_staleness_are_refused(tmp_path: Path) -> None:
+    from grpo.state.checkpoint import CheckpointError
+
+    _, ckpt = _saved_async_run(2, tmp_path)
+    fresh = trainer(1)
+    fresh.register_checkpoint_state("data", Batches())
+    with pytest.raises(CheckpointError, match="2 pending generations, but async_staleness=1 keeps at most 1"):
+        fresh.load_checkpoint(ckpt)
+
+
+def test_a_resume_that_draws_other_states_is_refused(tmp_path: Path) -> None:
+    """The pending generation was sampled for other states than the resumed run draws: refused
+    at the draw, before the step trains on it."""
+    _, ckpt = _saved_async_run(1, tmp_path)
+    other, source = trainer(1), Batches()
+    other.register_checkpoint_state("data", source)
+    other.load_checkpoint(ckpt)
+    source.position = 7  # a source that does not stand where the checkpoint said
+    with pytest.raises(RuntimeError, match="drew other states than the ones the checkpoint's pending"):
+        other.prefetch(next(source))
+
+
+def test_a_synchronous_trainer_drops_the_pending_generations_with_a_warning(tmp_path: Path) -> None:
+    """k = 0 resumes an async checkpoint (the batches drawn ahead are sampled again), and an async
+    trainer loads a state without the component (a synchronous run's, or an older checkpoint)."""
+    _, ckpt = _saved_async_run(1, tmp_path)
+    sync = trainer(0, engine=CopyEngine(bandit_policy(6)))
+    sync.register_checkpoint_state("data", Batches())
+    with pytest.warns(RuntimeWarning, match="holds 1 generation"):
+        sync.load_checkpoint(ckpt)
+    assert sync.step_count == 2
+    state = sync.state_dict()
+    assert "async_rollouts" not in state["components"]
+    again = trainer(1)
+    again.register_checkpoint_state("data", Batches())
+    again.load_state_dict(state)
+    assert again.step_count == 2
+    assert again.collector.engine.state_dict() == {"pending": []}  # type: ignore[attr-defined]
+
+
+def test_completions_round_trip_exactly_and_bad_ids_are_refused() -> None:
+    """`generation_state` / `restored_generation` on Completions: the same ids, texts, flags,
+    log-probs (a `PolicyOutput` with its mask) and version; lengths that do not add up, or a
+    negative id, are a ValueError naming the field."""
+    from grpo.generation.pending_state import generation_state, restored_generation
+    from grpo.llm.policy import Completion
+    from grpo.policy_base import PolicyOutput
+
+    groups = [
+        [
+            Completion(torch.tensor([5, 6]), torch.tensor([7, 8, 2]), "ab", True, 0.7, 1),
+            Completion(torch.tensor([5, 6]), torch.tensor([9]), "c", False),
+        ]
+    ]
+    lp = PolicyOutput(
+        torch.tensor([[-0.5, -1.0, -2.0], [-0.25, 0.0, 0.0]]), torch.tensor([[1, 1, 1], [1, 0, 0]]).bool()
+    )
+    state = generation_state(Generated([{"prompt": "x"}], groups, lp, 3))
+    assert state is not None
+    tensors = [v for v in (*state.values(), *state["log_probs"].values()) if isinstance(v, Tensor)]
+    n, p, t, t_max = 2, 2 + 2, 3 + 1, 3  # samples, prompt and completion ids in all, longest
+    assert sum(v.numel() * v.element_size() for v in tensors) == 8 * (p + t + 2 * n) + 5 * n * t_max
+    back = restored_generation(state, "p")
+    assert back.version == 3
+    assert back.states_digest == state["states_digest"]
+    fields = ("text", "finished", "temperature", "min_new_tokens", "loss_mask")
+    for c, d in zip(back.actions[0], groups[0], strict=True):
+        assert torch.equal(c.prompt_ids, d.prompt_ids)
+        assert torch.equal(c.token_ids, d.token_ids)
+        assert [getattr(c, f) for f in fields] == [getattr(d, f) for f in fields]
+    assert isinstance(back.log_probs, PolicyOutput)
+    assert torch.equal(back.log_probs.log_probs, lp.log_probs)
+    assert torch.equal(back.log_probs.mask, lp.mask)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"p\.token_ids: must be an int64 Tensor of shape \(5,\)"):
+        restored_generation({**state, "token_lengths": torch.tensor([3, 2])}, "p")
+    with pytest.raises(ValueError, match=r"p\.prompt_ids: token ids must lie in \[0, 2\*\*31\)"):
+        restored_generation({**state, "prompt_ids": torch.tensor([5, -6, 5, 6])}, "p")
+    bad = {**state["log_probs"], "log_probs": torch.full((2, 3), float("nan"))}
+    with pytest.raises(ValueError, match=r"p\.log_probs: must hold no NaN"):
+        restored_generation({**state, "log_probs": bad}, "p")

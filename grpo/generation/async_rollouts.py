@@ -17,18 +17,37 @@ behaviour log-probs with its current weights and weights each term by the import
 generating version's log-probs (``GRPOConfig.sampler_correction``), on by default with
 ``async_staleness >= 1``. With k = 0 nothing is prefetched: each step generates after the
 previous update, as the synchronous step does.
+
+Checkpoints. The trainer checkpoints this engine (component ``"async_rollouts"``): `state_dict`
+waits for the generations submitted ahead and returns them as plain data
+(`grpo.generation.pending_state`); `load_state_dict` keeps them, and the next ``prefetch`` calls
+(the resumed run draws the same batches again) take them instead of generating, so the resumed
+run trains on exactly what the uninterrupted run trained on, and the first batch it generates is
+sampled after the same sync, with the same job seed (`grpo.generation.worker.WorkerEngine.skip_job`
+counts the restored jobs).
 """
 
 from __future__ import annotations
 
 import collections
+import logging
+import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from grpo.generation.engine import GenerationEngine, PendingGeneration
+from grpo.generation.engine import GenerationEngine, PendingGeneration, ReadyGeneration
+from grpo.generation.pending_state import (
+    RestoredGeneration,
+    generation_state,
+    restored_generation,
+    states_digest,
+)
 from grpo.policy_base import PolicyModel
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["PrefetchingEngine"]
 
@@ -57,6 +76,7 @@ class PrefetchingEngine:
         self.inner = inner
         self.staleness = staleness
         self._pending: collections.deque[tuple[Any, PendingGeneration]] = collections.deque()
+        self._restored: collections.deque[RestoredGeneration] = collections.deque()  # from a checkpoint
 
     @property
     def version(self) -> int:
@@ -84,8 +104,33 @@ class PrefetchingEngine:
                 f"{len(self._pending)} generations are already submitted ahead; staleness "
                 f"{self.staleness} allows at most {self.staleness + 1} (the step's own and k ahead)."
             )
-        handle = self.inner.submit(states, num_actions_per_state, with_log_probs=True, **kwargs)
+        if self._restored:
+            handle: PendingGeneration = self._take_restored(states)
+        else:
+            handle = self.inner.submit(states, num_actions_per_state, with_log_probs=True, **kwargs)
         self._pending.append((states, handle))
+
+    def _take_restored(self, states: Any) -> ReadyGeneration:
+        """The oldest generation a checkpoint restored, for ``states`` (checked against the
+        digest it was saved with); the inner engine counts its job as done (`skip_job`)."""
+        restored = self._restored[0]
+        if restored.states_digest is not None and states_digest(states) != restored.states_digest:
+            raise RuntimeError(
+                "async rollouts: the resumed run drew other states than the ones the checkpoint's "
+                "pending generation was sampled for (their SHA-256 differs). Resume with the same "
+                "states source, batch size and seed as the run that saved the checkpoint."
+            )
+        if restored.version > self.inner.version:
+            raise RuntimeError(
+                f"async rollouts: the checkpoint's pending generation has policy version "
+                f"{restored.version}, newer than the loaded weights' {self.inner.version}; the "
+                f"checkpoint is inconsistent."
+            )
+        self._restored.popleft()
+        skip = getattr(self.inner, "skip_job", None)
+        if callable(skip):
+            skip()
+        return ReadyGeneration(restored.generated(states))
 
     def submit(
         self, states: Any, num_actions_per_state: int, *, with_log_probs: bool, **kwargs: Any
@@ -114,11 +159,64 @@ class PrefetchingEngine:
         n = len(self._pending)
         while self._pending:
             self._pending.popleft()[1].result()
+        return n + self._drop_restored()
+
+    def _drop_restored(self) -> int:
+        n = len(self._restored)
+        self._restored.clear()
         return n
 
     def close(self) -> None:
         self._pending.clear()
+        self._restored.clear()
         self.inner.close()
+
+    # ---- checkpoints (grpo.state.trainer_state: component "async_rollouts") ------------------
+    def state_dict(self) -> dict[str, Any]:
+        """``{"pending": [...]}``: the generations submitted ahead and not yet taken by a step,
+        oldest first (waiting for them), then those restored and not yet taken; each in
+        `grpo.generation.pending_state.generation_state`'s format. When one cannot be stored
+        (actions neither a Tensor nor Completions) none is, with a warning: the resumed run then
+        samples those batches again, with its own weights (each batch is still trained once)."""
+        entries = [generation_state(handle.result()) for _, handle in self._pending]
+        for r in self._restored:  # restored, so storable; with the digest of the states saved
+            entry = generation_state(r.generated(None))
+            entries.append(None if entry is None else {**entry, "states_digest": r.states_digest})
+        if any(e is None for e in entries):
+            warnings.warn(
+                "async rollouts: the checkpoint cannot hold the generations drawn ahead (their actions "
+                "are neither a Tensor nor grpo.llm.Completion groups); a run resumed from it samples "
+                "those batches again with the checkpoint's weights, so it is not bit for bit the "
+                "uninterrupted run.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return {"pending": []}
+        return {"pending": entries}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Keep the checkpoint's pending generations for the next `prefetch` calls (every entry is
+        checked first: `ValueError` naming it). Generations submitted before are dropped."""
+        if (
+            not isinstance(state, Mapping)
+            or set(state) != {"pending"}
+            or not isinstance(state["pending"], list)
+        ):
+            raise ValueError("async_rollouts state: expected {'pending': [...]}.")
+        pending = state["pending"]
+        if len(pending) > self.staleness:
+            raise ValueError(
+                f"async_rollouts state: {len(pending)} pending generations, but async_staleness="
+                f"{self.staleness} keeps at most {self.staleness}; resume with the async_staleness "
+                f"of the run that saved it (or larger)."
+            )
+        restored = [restored_generation(e, f"async_rollouts.pending[{i}]") for i, e in enumerate(pending)]
+        versions = [r.version for r in restored]
+        if versions != sorted(versions):
+            raise ValueError(f"async_rollouts.pending: versions must not decrease, got {versions}.")
+        self.discard_pending()
+        self._restored = collections.deque(restored)
+        logger.debug("restored %d generation(s) drawn ahead, versions %s", len(restored), versions)
 
 
 def _same_states(prefetched: Any, states: Any) -> bool:

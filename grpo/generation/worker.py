@@ -28,7 +28,8 @@ Lifetime: the worker removes ``for_policy``'s saved copy once it has built its p
 Reproducibility: with ``seed``, the worker seeds torch's RNG with ``job_seed(seed, j)`` before the
 ``j``-th generation job (0, 1, ...), so a run's samples do not depend on timing. Train() submits
 one job per step, so job j is the batch of step j; a new engine first synced to version v > 0 (a
-resumed trainer) starts at job v, so a resumed run seeds each batch as the uninterrupted run did.
+resumed trainer) starts at job v, so a resumed run seeds each batch as the uninterrupted run did
+(with async rollouts the k batches a checkpoint restores count as jobs v .. v+k-1: `skip_job`).
 """
 
 from __future__ import annotations
@@ -701,6 +702,12 @@ class WorkerEngine:
         seq = self.channel.send(command, f"generation job #{job}")
         self._jobs += 1
         return WorkerGeneration(self, seq, states, job, seed)
+
+    def skip_job(self) -> None:
+        """Count one generation job without running it: a batch restored from a checkpoint
+        (`grpo.generation.async_rollouts.PrefetchingEngine.load_state_dict`) took its number, so
+        the next job is seeded as the uninterrupted run seeded it."""
+        self._jobs += 1
 
     def sync(self, policy: PolicyModel, version: int) -> None:
         """Send ``policy.get_parameters()`` (tagged ``version``) to the worker; generations

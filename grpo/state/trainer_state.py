@@ -10,8 +10,11 @@ a checkpoint by accident)::
     optimizer           torch optimizer state dict, or None (nothing to train)
     scheduler           LR scheduler state dict, or None
     generator           the trainer's own torch.Generator state (shuffling of groups)
-    components          name -> state dict: the advantage estimator's running statistics and
-                        every object given to `register_checkpoint_state`
+    components          name -> state dict: the advantage estimator's running statistics, the
+                        reward-shift restart's, with async rollouts the generations drawn ahead
+                        (``"async_rollouts"``, `grpo.generation.pending_state`; added empty when
+                        a state saved without it is loaded, dropped with a warning by a
+                        synchronous trainer), and every object given to `register_checkpoint_state`
 
 `load_state_dict` checks every entry against this live trainer before changing anything: keys,
 types, ranges and the same components; the weights' names, shapes and dtypes (and no NaN); the
@@ -39,6 +42,7 @@ import contextlib
 import copy
 import dataclasses
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -108,7 +112,7 @@ class TrainerStateMixin:
                 f"register_checkpoint_state({name!r}, ...) needs an object with state_dict() and "
                 f"load_state_dict(); {type(obj).__name__} lacks them."
             )
-        if name in ("advantage_estimator", "reward_shift"):
+        if name in ("advantage_estimator", "reward_shift", "async_rollouts"):
             raise ValueError(
                 f"register_checkpoint_state: {name!r} is the trainer's own; choose another name."
             )
@@ -157,6 +161,7 @@ class TrainerStateMixin:
         that does not fit raises `CheckpointError` on every rank.
         """
         self._refuse_unless_checkpointable("load_state_dict")
+        state = self._with_async_rollouts(state, source)
         sharded = self._sharded()
         if sharded is not None:
             self._sharded_load_state_dict(sharded, state, source)
@@ -199,6 +204,33 @@ class TrainerStateMixin:
             raise CheckpointError(
                 f"{in_file(source, file)}: {stage}: loading it failed ({type(e).__name__}: {e}); {undone}."
             ) from e
+
+    def _with_async_rollouts(self, state: Mapping[str, Any], source: str) -> Mapping[str, Any]:
+        """``state`` with the component ``"async_rollouts"`` (the generations drawn ahead) made to
+        fit this trainer: added empty to a state saved without it (a synchronous run, or a
+        checkpoint older than the component), dropped for a synchronous trainer, with a warning
+        when it held generations: they are sampled again, by the loaded weights."""
+        comps = state.get("components") if isinstance(state, Mapping) else None
+        if not isinstance(comps, Mapping):
+            return state  # _check_state names the problem
+        live = "async_rollouts" in self.stateful_components()
+        if live == ("async_rollouts" in comps):
+            return state
+        if live:
+            comps = {**comps, "async_rollouts": {"pending": []}}
+        else:
+            saved = comps["async_rollouts"]
+            if isinstance(saved, Mapping) and saved.get("pending"):
+                warnings.warn(
+                    f"{source}: the checkpoint holds {len(saved['pending'])} generation(s) drawn ahead "
+                    f"by async rollouts, but this trainer has async_staleness=0: those batches are "
+                    f"sampled again with the loaded weights (so the run differs from the one that "
+                    f"saved it; each batch is still trained once).",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            comps = {k: v for k, v in comps.items() if k != "async_rollouts"}
+        return {**state, "components": comps}
 
     def _load_rest(self, state: Mapping[str, Any]) -> None:
         """The components, the generator and the counters (checked already)."""

@@ -3,13 +3,17 @@
     python tests/data/async_kill_run.py MODEL_DIR OUT_DIR NUM_STEPS K
 
 A tiny causal LM trains on `PromptBatches` (registered, so checkpoints hold the data position)
-with a generation worker k steps ahead, a checkpoint every step, and a JSONL sink that records
-which prompts each step trained on (``data/id0``, ``data/id1``). Started again, it resumes from
-the newest checkpoint.
+with a generation worker k steps ahead, a checkpoint every step (all kept), and a JSONL sink that
+records which prompts each step trained on (``data/id0``, ``data/id1``). Each step's completions
+(token ids, texts, policy versions) go to ``OUT_DIR/completions/step-N.json`` (a redone step
+rewrites its file), and each attempt appends its worker's pid to ``OUT_DIR/worker_pids.txt`` and
+the step it starts at (0, or the step of the checkpoint it resumed) to ``OUT_DIR/starts.txt``.
+Started again, it resumes from the newest checkpoint.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,10 +32,23 @@ RECORDS = [{"prompt": f"{i % 10}+{i // 10}=", "id": i} for i in range(30)]
 class TrainedIds(Callback):
     """Adds the ids of the prompts the step trained on to its record."""
 
+    def __init__(self, out: Path) -> None:
+        self.out = out / "completions"
+        self.out.mkdir(parents=True, exist_ok=True)
+
+    def on_train_start(self, state: TrainState) -> None:
+        with (self.out.parent / "starts.txt").open("a") as f:
+            f.write(f"{state.trainer.step_count}\n")
+
     def on_metrics(self, state: TrainState, metrics: dict[str, float]) -> None:
         batch: Any = state.trainer.last_batch  # type: ignore[attr-defined]
         for j, s in enumerate(batch.states):
             metrics[f"data/id{j}"] = float(s["id"])
+        flat = [c for g in batch.actions for c in g] if isinstance(batch.actions[0], list) else batch.actions
+        completions = [{"ids": c.token_ids.tolist(), "text": c.text} for c in flat]
+        versions = batch.policy_versions.tolist()
+        text = json.dumps({"completions": completions, "versions": versions})
+        (self.out / f"step-{state.trainer.step_count}.json").write_text(text)
 
 
 def main() -> None:
@@ -45,6 +62,9 @@ def main() -> None:
         generation_engine="worker", async_staleness=k,
     )  # fmt: skip
     trainer = GRPOTrainer(cfg, policy, reward)
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "worker_pids.txt").open("a") as f:
+        f.write(f"{trainer.collector.engine.inner.pid}\n")  # type: ignore[attr-defined]
     batches = PromptBatches(RECORDS, 2, shuffle=True, seed=0, epochs=None)
     trainer.register_checkpoint_state("data", batches)
     ckpt = out / "checkpoints"
@@ -52,7 +72,7 @@ def main() -> None:
     try:
         trainer.train(
             batches, num_steps, checkpoint_dir=ckpt, resume_from=resume, progress=False,
-            sinks=[JSONLSink(out / "metrics.jsonl")], callbacks=[TrainedIds()],
+            sinks=[JSONLSink(out / "metrics.jsonl")], callbacks=[TrainedIds(out)],
         )  # fmt: skip
     finally:
         trainer.close()
