@@ -517,6 +517,12 @@ class VLLMEngine:
         return Generated(states, actions, logp, self._loaded_version)
 
     # ---- weights -----------------------------------------------------------------------------
+    def skip_job(self) -> None:
+        """Count one generation job without running it: a batch restored from a checkpoint
+        (`grpo.generation.async_rollouts.PrefetchingEngine.load_state_dict`) took its number, so
+        the next job is seeded as the uninterrupted run seeded it (as `WorkerEngine.skip_job`)."""
+        self._jobs += 1
+
     def sync(self, policy: PolicyModel, version: int) -> None:
         """The trainer's weights after ``version`` updates, for the generations submitted after
         this call. LoRA: the adapter is saved now and switched to on the engine's thread (the

@@ -225,6 +225,12 @@ class VLLMServerEngine:
         return Generated(states, actions, logp, self._loaded_version)
 
     # ---- weights -----------------------------------------------------------------------------
+    def skip_job(self) -> None:
+        """Count one generation job without running it: a batch restored from a checkpoint
+        (`grpo.generation.async_rollouts.PrefetchingEngine.load_state_dict`) took its number, so
+        the next job is seeded as the uninterrupted run seeded it (as `WorkerEngine.skip_job`)."""
+        self._jobs += 1
+
     def sync(self, policy: PolicyModel, version: int) -> None:
         """Push ``policy``'s trainable parameters (tagged ``version``) to the server after the
         generations queued before; waits until the server has loaded them."""
