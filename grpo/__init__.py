@@ -48,7 +48,6 @@ from grpo.reward_model_base import (
     check_reward_model,
 )
 from grpo.rollout.reward_guard import RewardError, RewardTimeoutError
-from grpo.runtime import moved_modules as _moved_modules
 from grpo.state.checkpoint import CheckpointError, find_latest_checkpoint
 from grpo.trainer import GRPOTrainer
 from grpo.training.callbacks import Callback, EarlyStopping
@@ -120,5 +119,3 @@ __all__ = [
     "sapo_loss",
     "shard",
 ]
-
-_moved_modules.install()  # old module paths (grpo 0.1) keep working for one release

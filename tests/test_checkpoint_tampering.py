@@ -977,6 +977,7 @@ def fuzz_source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
     return path, meta, keys
 
 
+@pytest.mark.slow  # 300 trainers built and loaded: ~12 s of CPU; the targeted tampering tests run by default
 @settings(
     max_examples=FUZZ_EXAMPLES,
     deadline=None,

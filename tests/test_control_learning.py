@@ -49,6 +49,7 @@ def test_acrobot_leaves_the_all_fail_start_with_the_tie_breaker() -> None:
     assert np.mean([a for _, a in runs]) >= -250, runs
 
 
+@pytest.mark.slow  # 3 x 40k env steps: ~15 s of CPU (CartPole's learning run stays in the default run)
 def test_pendulum_improves_within_40k_env_steps() -> None:
     runs = [returns_after("Pendulum-v1", s, 40_000) for s in range(3)]
     assert all(a - b > 150 for b, a in runs), runs  # measured: +273, +308, +569

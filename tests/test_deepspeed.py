@@ -64,6 +64,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"ref": ref, "ranks": ranks}
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("label", list(ZERO_CONFIGS))
 @pytest.mark.parametrize("name", DS_SCENARIOS)
 def test_zero_on_two_processes_equals_one_process_without_deepspeed(
@@ -94,6 +95,7 @@ def test_zero_on_two_processes_equals_one_process_without_deepspeed(
     assert ref["non_finite"] == (1 if name == "bandit_poison" else 0)
 
 
+@pytest.mark.multiprocess
 def test_zero3_refuses_different_numbers_of_states_on_every_rank(tmp_path: Path) -> None:
     """Under ZeRO-3 every forward all-gathers weights, so a rank with fewer states would leave the
     others waiting forever: both ranks raise a ValueError naming the counts, before any forward,
@@ -114,7 +116,15 @@ def math_finite(x: float) -> bool:
 @pytest.fixture
 def own_process_group(monkeypatch: pytest.MonkeyPatch) -> Any:
     """For a one-process DeepSpeed trainer: it makes a 1-process group and sets LOCAL_RANK=0;
-    both are undone afterwards so later tests see a plain process."""
+    both are undone afterwards so later tests see a plain process.
+
+    On one process DeepSpeed's shared-memory all-reduce (``deepspeed_shm_comm``, a C++ op it
+    JIT-builds on first use: ~40 s on 2 cores) would reduce over a single rank, so these tests
+    mark it unavailable, as DeepSpeed itself does off Linux: the real engine then reduces through
+    torch.distributed (gloo) and nothing is built. The 2-process tests (``multiprocess``) use it."""
+    import deepspeed.ops
+
+    monkeypatch.setitem(deepspeed.ops.__compatible_ops__, "deepspeed_shm_comm", False)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     assert not torch.distributed.is_initialized()
     yield
@@ -252,6 +262,7 @@ def test_close_frees_the_engines_before_the_interpreter_exits(tmp_path: Path, kl
     assert [e() for e in engines] == [None] * len(engines)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("zero3", [False, True])
 def test_shutdown_leaves_no_gloo_thread_for_interpreter_exit(tmp_path: Path, zero3: bool) -> None:
     """2 processes: after `grpo.engine.distributed.shutdown(trainer)` and the script's last references,
@@ -420,7 +431,8 @@ def tiny_model_and_prompts(directory: Path, n: int, arch: str = "llama") -> None
 _LORA_FLAGS = ["--lora", "--gradient-checkpointing", "--gradient-accumulation-steps", "2"]
 
 
-# full fine-tuning under ZeRO-2 and LoRA under ZeRO-3 in the default run; the other two in `slow`
+# full fine-tuning under ZeRO-2 and LoRA under ZeRO-3 in `multiprocess`; the other two in `slow`
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     ("extra", "stage"),
     [
@@ -498,6 +510,7 @@ def test_grpo_train_under_accelerate_deepspeed(tmp_path: Path, extra: list[str],
     assert moved > 1e-4  # training changed the weights (the comparison is not of two untouched models)
 
 
+@pytest.mark.multiprocess
 def test_zero3_llm_policy_generation_in_step_and_gathered_save(tmp_path: Path) -> None:
     """ZeRO-3, every weight partitioned, Qwen2-style model (LM head tied to the embeddings),
     chunked log-prob head: rank 0 generates at most 2 tokens and rank 1 up to 6, as when one
@@ -531,6 +544,7 @@ def test_zero3_llm_policy_generation_in_step_and_gathered_save(tmp_path: Path) -
     assert moved > 1e-4  # trained weights, not the initial ones
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("stage", [2, pytest.param(3, marks=pytest.mark.slow)])  # ZeRO-3 in `slow`
 def test_accelerate_launch_with_the_shipped_config(tmp_path: Path, stage: int) -> None:
     """The documented command, for real: `accelerate launch --config_file

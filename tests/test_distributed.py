@@ -237,6 +237,7 @@ def test_config_distributed_mode_is_validated() -> None:
         GRPOConfig(distributed="ddp")  # type: ignore[arg-type]
 
 
+@pytest.mark.multiprocess
 def test_example_runs_under_torchrun() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):

@@ -29,6 +29,7 @@ from tests.distributed_toys import (
 )
 
 WORLD = 2
+pytestmark = pytest.mark.multiprocess  # 2 spawned processes; .ci/run runs it after the README command
 
 
 @pytest.fixture(scope="module")

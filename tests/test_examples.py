@@ -104,6 +104,7 @@ def test_learning_benchmark_tiny_budget(tmp_path: Path) -> None:
     assert re.search(r"GRPO .*\n.*\n\s+0\s+False\s+\d+\s+\d+", out)
 
 
+@pytest.mark.slow  # executes the 450-round notebook: ~27 s of CPU
 def test_notebook_runs_and_tracks_the_oracle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Execute the demo notebook with this interpreter's kernel; the last phase must reach 0.8 x oracle."""
     nbformat = pytest.importorskip("nbformat")

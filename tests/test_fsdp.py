@@ -284,6 +284,7 @@ def _max_diff(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name", [*TRAINER_SCENARIOS, "lm"])
 def test_trainer_on_two_sharded_processes_equals_one_process(trainer_run: dict[str, Any], name: str) -> None:
     ref = trainer_run["ref"][name]
@@ -306,6 +307,7 @@ def test_trainer_on_two_sharded_processes_equals_one_process(trainer_run: dict[s
         assert want["grad/norm"] > max_norm  # clipping was active
 
 
+@pytest.mark.multiprocess
 def test_the_reference_refreshed_from_the_sharded_policy_equals_one_process(
     trainer_run: dict[str, Any],
 ) -> None:
@@ -318,6 +320,7 @@ def test_the_reference_refreshed_from_the_sharded_policy_equals_one_process(
         assert err <= TRAINER_ATOL["bandit"], err
 
 
+@pytest.mark.multiprocess
 def test_trainer_shards_the_policy_and_keeps_the_reference_whole(trainer_run: dict[str, Any]) -> None:
     ref = trainer_run["ref"]["bandit"]["params"]
     r0, r1 = (r["bandit"] for r in trainer_run["ranks"])
@@ -328,6 +331,7 @@ def test_trainer_shards_the_policy_and_keeps_the_reference_whole(trainer_run: di
         assert [r0["local"][k], r1["local"][k]] == [(n, *full.shape[1:]) for n in rows], k
 
 
+@pytest.mark.multiprocess
 def test_trainer_fsdp_checkpoint_resumes_fsdp_bitwise(trainer_run: dict[str, Any]) -> None:
     r0, r1 = trainer_run["ranks"]
     assert r0["ckpt-fsdp-step"] == r1["ckpt-fsdp-step"] == CKPT_AT
@@ -337,6 +341,7 @@ def test_trainer_fsdp_checkpoint_resumes_fsdp_bitwise(trainer_run: dict[str, Any
     assert sorted(p.name for p in ckpts.iterdir()) == ["latest", f"step-{CKPT_AT:08d}"]  # rank 0 wrote
 
 
+@pytest.mark.multiprocess
 def test_trainer_one_process_checkpoint_resumes_on_fsdp(trainer_run: dict[str, Any]) -> None:
     r0 = trainer_run["ranks"][0]
     assert r0["ckpt-one-step"] == CKPT_AT
@@ -344,6 +349,7 @@ def test_trainer_one_process_checkpoint_resumes_on_fsdp(trainer_run: dict[str, A
     assert err <= TRAINER_ATOL["bandit"]
 
 
+@pytest.mark.multiprocess
 def test_trainer_fsdp_checkpoint_resumes_on_one_process(trainer_run: dict[str, Any]) -> None:
     ref = trainer_run["ref"]["bandit"]
     tr = build_trainer("bandit", fsdp=False)
@@ -358,6 +364,7 @@ def test_trainer_fsdp_checkpoint_resumes_on_one_process(trainer_run: dict[str, A
     assert _max_diff(params(tr), trainer_run["ranks"][0]["bandit"]["params"]) <= TRAINER_ATOL["bandit"]
 
 
+@pytest.mark.multiprocess
 def test_trainer_checkpoint_of_another_policy_is_refused_on_every_rank(trainer_run: dict[str, Any]) -> None:
     for r in trainer_run["ranks"]:
         assert r["wrong_ckpt"].startswith("CheckpointError"), r["wrong_ckpt"]
@@ -366,6 +373,7 @@ def test_trainer_checkpoint_of_another_policy_is_refused_on_every_rank(trainer_r
         assert "missing ['net.net.0.weight']" in r["wrong_weights"]
 
 
+@pytest.mark.multiprocess
 def test_trainer_state_dict_round_trip_under_fsdp(trainer_run: dict[str, Any]) -> None:
     r0, r1 = trainer_run["ranks"]
     assert r1["round_trip"] == r1["round_trip_saved"] == {}
@@ -373,11 +381,13 @@ def test_trainer_state_dict_round_trip_under_fsdp(trainer_run: dict[str, Any]) -
         assert torch.equal(r0["round_trip"][k], v), k
 
 
+@pytest.mark.multiprocess
 def test_trainer_refuses_what_fsdp_does_not_support(trainer_run: dict[str, Any]) -> None:
     for r in trainer_run["ranks"]:
         assert "Pass optimizer=None" in r["optimizer_given"]
 
 
+@pytest.mark.multiprocess
 def test_save_pretrained_under_fsdp_writes_the_full_weights(trainer_run: dict[str, Any]) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -389,6 +399,7 @@ def test_save_pretrained_under_fsdp_writes_the_full_weights(trainer_run: dict[st
         assert torch.equal(got[k].detach(), v), k
 
 
+@pytest.mark.multiprocess
 def test_trainer_checkpoint_of_the_causal_lm_resumes_under_fsdp(trainer_run: dict[str, Any]) -> None:
     lm = trainer_run["ranks"][0]["lm"]
     for k, v in lm["params"].items():  # the trainable parameters' names (tied LM head: one entry)

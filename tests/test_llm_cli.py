@@ -190,6 +190,7 @@ def test_cli_options_and_errors(setup: Path, tmp_path: Path) -> None:
         parse_args(["--model-name", "m", "--dataset", "d", "--logging-steps", "0"])
 
 
+@pytest.mark.multiprocess
 def test_two_processes_shard_the_prompts_and_rank_0_writes(setup: Path, tmp_path: Path) -> None:
     """Under torchrun-style launch (2 CPU processes, gloo) each step draws 2 x batch-size prompts,
     each rank trains on its own half, and only rank 0 writes metrics and checkpoints."""

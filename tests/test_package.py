@@ -4,7 +4,6 @@ modules of grpo import each other without a cycle."""
 from __future__ import annotations
 
 import ast
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -167,28 +166,13 @@ def test_no_import_cycle() -> None:
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
-def test_old_module_paths_are_the_new_modules_with_a_deprecation_warning() -> None:
-    """grpo 0.1's flat module paths (grpo/runtime/moved_modules.py) import for one release: the same
-    module object as the new path, with a DeprecationWarning naming both paths."""
-    import importlib
-    import sys
+def test_grpo_0_1_module_paths_are_gone() -> None:
+    """grpo 0.1's flat module paths (served for one release by an import hook, removed in 0.3) no
+    longer import, and `grpo.update` no longer answers for its `loop` module's names."""
+    import importlib.util
 
-    from grpo.runtime.moved_modules import MOVED_MODULES
-
-    assert len(MOVED_MODULES) == 34
-    for old, new in MOVED_MODULES.items():
-        sys.modules.pop(old, None)
-        with pytest.warns(
-            DeprecationWarning, match=rf"^{re.escape(old)} moved to {re.escape(new)} in grpo 0\.2"
-        ):
-            module = importlib.import_module(old)
-        assert module is importlib.import_module(new)
-        sys.modules.pop(old, None)
-    with pytest.warns(DeprecationWarning, match=r"grpo\.update\.run_update moved to grpo\.update\.loop"):
-        from grpo.update import run_update
-    from grpo.update.loop import run_update as new_run_update
-
-    assert run_update is new_run_update
+    for old in ("grpo.gym_episodes", "grpo.training_loop", "grpo.backends", "grpo.checkpoint"):
+        assert importlib.util.find_spec(old) is None, old
     with pytest.raises(ImportError):
-        from grpo.update import no_such_name  # noqa: F401
-    assert importlib.util.find_spec("grpo.not_a_moved_module") is None
+        from grpo.update import run_update  # noqa: F401
+    assert not any(type(f).__name__ == "MovedModuleFinder" for f in sys.meta_path)
