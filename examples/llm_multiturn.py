@@ -15,7 +15,9 @@ guess after each reply (a policy that ignores the replies answers both the same 
 The model (a 2-layer Llama with random weights) and its character-level tokenizer with a chat
 template are built locally and loaded back with ``from_pretrained``; nothing is downloaded.
 Rewards: success (1 when the secret is found) plus a small format reward (the share of turns
-that are exactly one digit).
+that are exactly one digit). Training settings: ``GRPOConfig.recipe("tiny_lm")`` (learning rate
+3e-3, no KL term, entropy bonus 0.01), the documented starting point for tiny models trained
+from scratch (docs/multiturn.md).
 
     python examples/llm_multiturn.py                 # the full run, prints the summary
     python examples/llm_multiturn.py --steps 2       # smoke test
@@ -140,11 +142,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--group-size", type=int, default=8, help="G, episodes per secret")
     p.add_argument("--max-turns", type=int, default=3, help="K, guesses per episode")
     p.add_argument("--max-new-tokens", type=int, default=2, help="tokens per turn (a digit and EOS)")
-    p.add_argument("--learning-rate", type=float, default=3e-3, help="AdamW learning rate")
+    p.add_argument("--learning-rate", type=float, default=None, help="AdamW rate (None: the recipe's 3e-3)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     p.add_argument("--hidden", type=int, default=64, help="hidden size of the tiny Llama")
     p.add_argument("--format-weight", type=float, default=0.1, help="weight of the single-digit reward")
-    p.add_argument("--entropy-coeff", type=float, default=0.01, help="weight of the entropy bonus")
+    p.add_argument(
+        "--entropy-coeff", type=float, default=None, help="entropy bonus (None: the recipe's 0.01)"
+    )
     p.add_argument("--window", type=int, default=10, help="steps averaged for 'first' and 'last'")
     p.add_argument("--eval-group-size", type=int, default=20, help="episodes per secret in the evaluations")
     p.add_argument("--seed", type=int, default=0, help="seeds the model, the trainer and the secrets' order")
@@ -169,12 +173,12 @@ def build(args: argparse.Namespace, workdir: Path) -> tuple[Any, GRPOTrainer]:
         {"success": success, "format": single_digit_turns},
         weights={"success": 1.0, "format": args.format_weight},
     )
-    config = GRPOConfig(
+    config = GRPOConfig.recipe(  # lr 3e-3, no KL, entropy 0.01 (grpo/algorithms/recipes.py)
+        "tiny_lm",
         group_size=args.group_size,
         batch_size=args.batch_size,
-        learning_rate=args.learning_rate,
-        kl_coeff=0.0,
-        entropy_coeff=args.entropy_coeff,
+        **({} if args.learning_rate is None else {"learning_rate": args.learning_rate}),
+        **({} if args.entropy_coeff is None else {"entropy_coeff": args.entropy_coeff}),
         seed=args.seed,
     )
     return policy, GRPOTrainer(config, policy, reward)

@@ -646,7 +646,8 @@ class GRPOConfig:
         """A named preset with its paper's published defaults, then ``overrides``.
 
         Names: see `grpo.algorithms.recipes.RECIPES` ("deepseek_math", "dr_grpo", "dapo", "gspo", "cispo",
-        and grpo's own "small_policy" for bandits and classic control).
+        grpo's own "small_policy" for bandits and classic control, and "tiny_lm" for tiny causal
+        LMs trained from scratch, e.g. multi-turn on `grpo.llm.tiny`).
         """
         from grpo.algorithms.recipes import recipe_values
 

@@ -317,8 +317,18 @@ def test_reward_combination_trains(combination: str) -> None:
         ("cispo", {}),
         ("cispo", {"policy_loss": "clip"}),  # CISPO's clip_epsilon=1 with the PPO clip: issue 24
         ("small_policy", {"num_epochs_per_update": 2}),
+        ("tiny_lm", {}),
     ],
-    ids=["deepseek_math", "dr_grpo", "dapo", "gspo", "cispo", "cispo-policy_loss=clip", "small_policy"],
+    ids=[
+        "deepseek_math",
+        "dr_grpo",
+        "dapo",
+        "gspo",
+        "cispo",
+        "cispo-policy_loss=clip",
+        "small_policy",
+        "tiny_lm",
+    ],
 )
 def test_recipe_trains(name: str, overrides: dict[str, Any]) -> None:
     sizes = {"group_size": 4, "batch_size": 2, "num_epochs_per_update": 2, "learning_rate": 1e-2, "seed": 0}

@@ -195,12 +195,13 @@ def test_generation_stops_on_eos_and_masks_by_position(tiny) -> None:
     groups = policy.generate_actions(["1+2=", "x", [{"role": "user", "content": "hi"}]], 4)
     assert [len(g) for g in groups] == [4, 4, 4]
     flat = [c for g in groups for c in g]
-    eos = tok.eos_token_id
+    ends = set(policy.eos_token_ids)  # <eos>, and <pad> of the pad_is_eos tiny tokenizer (grpo.llm.tiny)
+    assert ends == {tok.eos_token_id, tok.convert_tokens_to_ids("<pad>")}
     for c in flat:
         ids = c.token_ids.tolist()
         assert 1 <= len(ids) <= 12
-        assert eos not in ids[:-1]  # generation stopped at the first EOS
-        assert c.finished == (ids[-1] == eos)
+        assert not ends & set(ids[:-1])  # generation stopped at the first EOS id
+        assert c.finished == (ids[-1] in ends)
         if not c.finished:
             assert len(ids) == 12
     assert any(c.finished for c in flat)

@@ -302,6 +302,7 @@ def test_optional_glossary_keys_appear_exactly_when_their_option_is_on() -> None
         "eval/pass@<k>",
         "eval/maj@<k>",
         "clip/frac",
+        "episode/success_rate",
     }
     always = set(glossary_keys())
     on = make_trainer(
@@ -313,7 +314,9 @@ def test_optional_glossary_keys_appear_exactly_when_their_option_is_on() -> None
     liger_only = {"clip/frac"}  # needs use_liger_loss, an LLM and liger-kernel: tests/test_llm_fused.py
     engine_only = {"async/staleness", "async/sync_seconds"}  # an engine with its own weights:
     # tests/test_async_rollouts.py
-    assert optional - liger_only - engine_only <= logged
+    episode_only = {"episode/success_rate"}  # episodes whose env reports success:
+    # tests/test_robot_success.py
+    assert optional - liger_only - engine_only - episode_only <= logged
     assert logged - always - optional == set(), "logged keys missing from docs/metrics.md"
     plain = make_trainer()
     assert not optional & (set(plain.step(bandit_states(4))) | set(plain.evaluate(bandit_states(4))))

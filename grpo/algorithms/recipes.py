@@ -120,6 +120,20 @@ RECIPES: dict[str, Recipe] = {
         "A settled policy whose rewards fall (the task changed) restarts from its starting "
         "weights (reward_shift_z; not with FSDP or DeepSpeed).",
     ),
+    "tiny_lm": Recipe(
+        "grpo's own preset for tiny causal LMs trained from scratch, single- and multi-turn "
+        "(grpo.llm.tiny, examples/llm_multiturn.py): measured in benchmarks/RESULTS.md, section "
+        "'Multi-turn starting point'",
+        {
+            "learning_rate": 3e-3,  # a few-layer model with random weights, not a pretrained LM
+            "kl_coeff": 0.0,  # no reference worth staying near: its weights are random
+            "entropy_coeff": 0.01,  # keeps a group's episodes apart while the rewards are sparse
+        },
+        "Not from a paper: the setting that learned both multi-turn tasks of "
+        "benchmarks/multiturn_recipe.py on every seed measured. A pretrained model (LoRA or full) "
+        "wants a rate near 1e-6..1e-5 and usually the KL term: start from the defaults or a "
+        "paper's recipe there, not from this one.",
+    ),
 }
 
 

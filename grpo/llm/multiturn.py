@@ -64,6 +64,7 @@ __all__ = [
     "MultiTurnPolicy",
     "MultiTurnReference",
     "chat_template_delta",
+    "environment_text",
     "turn_token_rewards",
 ]
 
@@ -142,8 +143,11 @@ def chat_template_delta(tokenizer: Any, conversation: Sequence[Message], new: Se
     ValueError, naming the template's problem, when the longer rendering does not start with the
     shorter one (the template rewrites earlier turns, so an episode cannot be one growing context).
     """
-    base = _render(tokenizer, conversation, False)
-    full = _render(tokenizer, [*conversation, *new], True)
+    return _delta(_render(tokenizer, conversation, False), _render(tokenizer, [*conversation, *new], True))
+
+
+def _delta(base: str, full: str) -> str:
+    """``full`` after its prefix ``base`` (`chat_template_delta`; ValueError when not a prefix)."""
     if not full.startswith(base):
         raise ValueError(
             "the tokenizer's chat template does not render a conversation as a prefix of its "
@@ -162,17 +166,34 @@ def _render(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: 
     return str(text)
 
 
-def _turn_tail(tokenizer: Any, conversation: Sequence[Message], generated: str) -> str:
-    """The markup the template puts after the model's last turn that the model did not generate
-    (e.g. the newline after ``<|im_end|>``; the closing tag of a turn cut at its budget): the
-    template's rendering of that turn, minus the generated text (special tokens kept) when it
-    starts with it; "" otherwise."""
-    before = _render(tokenizer, conversation[:-1], True)
-    rendered = _render(tokenizer, conversation, False)
-    if not rendered.startswith(before):
-        return ""
-    turn = rendered[len(before) :]
-    return turn[len(generated) :] if turn.startswith(generated) else ""
+def environment_text(
+    tokenizer: Any,
+    conversation: Sequence[Message],
+    generated: str,
+    new: Sequence[Message],
+    prompted: str | None = None,
+) -> str:
+    """The text of the environment's tokens after the model's turn: the template's markup after
+    the turn that the model did not generate (e.g. the newline after ``<|im_end|>``; the closing
+    tag of a turn cut at its budget), then `chat_template_delta` of ``new``. Three renderings:
+
+        before = render(conversation[:-1], add_generation_prompt=True)   # ``prompted`` if given
+        base   = render(conversation)                                    # ends with the turn
+        full   = render(conversation + new, add_generation_prompt=True)
+        tail   = base[len(before):][len(generated):]   # "" unless base / turn start as expected
+        text   = tail + full[len(base):]
+
+    ``generated`` is the turn's decoded tokens with special tokens kept. Its cost grows with the
+    messages rendered: `MultiTurnPolicy` passes a short conversation with the same end (see
+    ``incremental_deltas`` there). ValueError when ``full`` does not start with ``base``.
+    """
+    before = _render(tokenizer, conversation[:-1], True) if prompted is None else prompted
+    base = _render(tokenizer, conversation, False)
+    tail = ""
+    if base.startswith(before):
+        turn = base[len(before) :]
+        tail = turn[len(generated) :] if turn.startswith(generated) else ""
+    return tail + _delta(base, _render(tokenizer, [*conversation, *new], True))
 
 
 def turn_token_rewards(conversation: Conversation, gamma: float = 1.0) -> Tensor:
@@ -257,6 +278,8 @@ class _Episode:
     def __init__(self, prompt_ids: Tensor, messages: list[Message]) -> None:
         self.prompt_ids = prompt_ids
         self.messages = messages
+        self.num_first = len(messages)  # the first messages (system prompt included)
+        self.prompted: str | None = None  # render(first messages, add_generation_prompt=True)
         self.tokens: list[int] = []
         self.model: list[bool] = []
         self.turn_of: list[int] = []
@@ -298,6 +321,14 @@ class MultiTurnPolicy:
             ``lambda n: TextEnv(GuessingGame, n)``); called again only when N changes.
         max_turns: turns per episode at most (then ``truncated``).
         max_total_tokens: tokens after the prompt (the model's and the environment's) at most.
+        incremental_deltas: render each turn's environment tokens from a short conversation
+            (the first messages, the model's last turn, the environment's new messages) instead
+            of the whole conversation so far: a turn's cost then does not grow with the turns
+            before it. The first rollout renders both ways and compares them at every turn of
+            every episode; on a difference (a template whose rendering of a turn depends on the
+            turns before it, e.g. one that numbers the turns) it logs a warning, keeps the full
+            rendering's tokens and sets ``incremental_deltas`` to False for good. False: always
+            the full rendering.
     """
 
     def __init__(
@@ -307,6 +338,7 @@ class MultiTurnPolicy:
         *,
         max_turns: int = 8,
         max_total_tokens: int = 1024,
+        incremental_deltas: bool = True,
     ) -> None:
         for name, value in (("max_turns", max_turns), ("max_total_tokens", max_total_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -328,6 +360,9 @@ class MultiTurnPolicy:
         self.make_env = make_env
         self.max_turns = max_turns
         self.max_total_tokens = max_total_tokens
+        self.incremental_deltas = bool(incremental_deltas)
+        self._deltas_checked = False  # a rollout compared the incremental rendering with the full one
+        self._deltas_compared = 0  # turns compared so far
         self._env: TextEnvironment | None = None
         self.last_rollout: dict[str, float] = {}
 
@@ -379,6 +414,7 @@ class MultiTurnPolicy:
         for ep in episodes:  # out of turns: cut
             if not ep.done:
                 ep.truncated = True
+        self._deltas_checked = self._deltas_checked or self._deltas_compared > 0
         self.last_rollout = {**timing, "seconds": time.perf_counter() - t0}
         convs = [ep.conversation(opts.temperature) for ep in episodes]
         return [convs[k * g : (k + 1) * g] for k in range(len(states))]
@@ -429,23 +465,26 @@ class MultiTurnPolicy:
             texts[i] = c.text
         t1 = time.perf_counter()
         result = env.step(texts)
-        for i, c in zip(active, comps, strict=True):
-            generated = tok.decode(c.token_ids.tolist(), skip_special_tokens=False)
-            self._after_turn(episodes[i], result, i, turn, generated, opts)
+        generated = tok.batch_decode([c.token_ids.tolist() for c in comps], skip_special_tokens=False)
+        going = [
+            (i, self._after_turn(episodes[i], result, i, turn, g))
+            for i, g in zip(active, generated, strict=True)
+        ]
+        going = [(i, text) for i, text in going if text is not None]
+        if going:  # one tokenizer call for every episode that goes on
+            rows = tok([text for _, text in going], add_special_tokens=False)["input_ids"]
+            for (i, _), ids in zip(going, rows, strict=True):
+                self._append_environment(episodes[i], ids, turn)
         timing["generate"] += t1 - t0
         timing["env"] += time.perf_counter() - t1  # the env's step and its tokens
         timing["model_tokens"] += float(sum(len(c) for c in comps))
 
     def _after_turn(
-        self,
-        ep: _Episode,
-        result: Transition[Any],
-        i: int,
-        turn: int,
-        generated: str,
-        opts: SamplingOptions,
-    ) -> None:
-        """Record episode i's reward and flags; append the environment's tokens if it goes on."""
+        self, ep: _Episode, result: Transition[Any], i: int, turn: int, generated: str
+    ) -> str | None:
+        """Record episode i's reward, flags and the environment's messages; the text of the
+        environment's tokens (`environment_text`) if the episode goes on, else None.
+        ``generated``: the turn's tokens decoded with special tokens kept."""
         ep.rewards.append(float(result.rewards[i]))
         ep.infos.append(dict(result.infos[i]) if result.infos is not None else {})
         new = list(result.observations[i])
@@ -453,17 +492,42 @@ class MultiTurnPolicy:
             ep.finished = True
         elif bool(result.truncated[i]) or turn + 1 >= self.max_turns:
             ep.truncated = True
-        if ep.done:
-            ep.messages.extend(new)
-            return
-        tok = self.policy.tokenizer
-        delta = _turn_tail(tok, ep.messages, generated) + chat_template_delta(tok, ep.messages, new)
-        ids = tok(delta, add_special_tokens=False)["input_ids"]
+        text = None if ep.done else self._environment_text(ep, generated, new)
         ep.messages.extend(new)
+        return text
+
+    def _append_environment(self, ep: _Episode, ids: Sequence[int], turn: int) -> None:
+        """Append the environment's tokens ``ids`` of turn ``turn``, or cut the episode when they
+        leave no room for one more model token."""
         if self._room(ep) - len(ids) < 1:
             ep.truncated = True  # no room for the environment's reply and one more model token
             return
         ep.add(ids, False, turn)
+
+    def _environment_text(self, ep: _Episode, generated: str, new: list[Message]) -> str:
+        """`environment_text` after the episode's last turn: from the whole conversation, or
+        (``incremental_deltas``) from the first messages and the last turn only, checked against
+        the whole conversation's until a rollout has compared them (see the class docstring)."""
+        tok = self.policy.tokenizer
+        if not self.incremental_deltas:
+            return environment_text(tok, ep.messages, generated, new)
+        if ep.prompted is None:
+            ep.prompted = _render(tok, ep.messages[: ep.num_first], True)
+        short = [*ep.messages[: ep.num_first], ep.messages[-1]]
+        text = environment_text(tok, short, generated, new, ep.prompted)
+        if self._deltas_checked or len(short) == len(ep.messages):
+            return text
+        full = environment_text(tok, ep.messages, generated, new)
+        self._deltas_compared += 1
+        if full != text:
+            logger.warning(
+                "MultiTurnPolicy: the chat template renders a turn differently after %d messages "
+                "than after the first ones (%r vs %r): it depends on the turns before, so every "
+                "turn is now rendered from the whole conversation (incremental_deltas=False).",
+                len(ep.messages), full[-80:], text[-80:],
+            )  # fmt: skip
+            self.incremental_deltas = False
+        return full
 
     # ---- log-probs ---------------------------------------------------------------------------
     def get_log_probabilities(self, states: Any, actions: Sequence[Conversation]) -> PolicyOutput:

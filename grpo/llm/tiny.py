@@ -15,7 +15,7 @@ import torch
 
 from grpo.llm._deps import require
 
-__all__ = ["CHARS", "CHAT_TEMPLATE", "build_tiny_model", "build_tiny_tokenizer"]
+__all__ = ["CHARS", "CHAT_TEMPLATE", "build_tiny_model", "build_tiny_tokenizer", "tiny_eos_token_ids"]
 
 CHARS = string.digits + string.ascii_lowercase + " +-=?:.,<>/#\\{}"
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>"]
@@ -30,7 +30,11 @@ def build_tiny_tokenizer(
 ) -> Any:
     """A char-level ``PreTrainedTokenizerFast`` (55 tokens) saved to ``directory`` and loaded back.
 
-    ``pad_is_eos=True`` makes the pad token the EOS token (as many chat models ship).
+    ``pad_is_eos=True`` makes the pad token the EOS token (as many chat models ship). The
+    vocabulary keeps its ``<pad>`` id (the same 55 ids either way), as a special token that
+    decoding with ``skip_special_tokens=True`` drops; `build_tiny_model` makes it a second EOS id
+    of the model, so a sampled ``<pad>`` ends the completion (a turn) instead of appearing in its
+    text (`tiny_eos_token_ids`).
     """
     tokenizers = require("tokenizers")
     transformers = require("transformers")
@@ -44,11 +48,25 @@ def build_tiny_tokenizer(
         pad_token="<eos>" if pad_is_eos else "<pad>",
         bos_token="<bos>",
         unk_token="<unk>",
+        **({"additional_special_tokens": ["<pad>"]} if pad_is_eos else {}),
     )
     if chat_template:
         fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(directory))
     return transformers.AutoTokenizer.from_pretrained(str(directory))
+
+
+def tiny_eos_token_ids(tokenizer: Any) -> int | list[int]:
+    """The model's EOS id(s) for ``tokenizer``: its EOS id, and also the id of ``<pad>`` when the
+    vocabulary has that token but the pad token is another one (``pad_is_eos=True``): an
+    untrained model samples every id, and a ``<pad>`` it samples then ends the completion like
+    the EOS (as chat models ship several end ids, e.g. ``<|im_end|>`` and ``<|endoftext|>``)
+    instead of being an ordinary token in its text."""
+    eos = int(tokenizer.eos_token_id)
+    pad = tokenizer.get_vocab().get("<pad>")
+    if pad is None or tokenizer.pad_token == "<pad>" or pad == eos:
+        return eos
+    return [eos, int(pad)]
 
 
 def build_tiny_model(
@@ -79,7 +97,7 @@ def build_tiny_model(
     v = vocab_size or len(tokenizer)
     ids = {
         "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
+        "eos_token_id": tiny_eos_token_ids(tokenizer),
         "pad_token_id": tokenizer.pad_token_id,
     }
     model = _random_model(transformers, arch, v, hidden, layers, heads, kv_heads, intermediate, ids)
