@@ -360,7 +360,9 @@ def cli_setup(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.mark.vllm
 @needs_vllm
 @pytest.mark.parametrize("async_args", [(), ("--async", "1")], ids=["sync", "async1"])
-def test_grpo_train_with_vllm_resumes_exactly(cli_setup: Any, tmp_path: Any, async_args: tuple[str, ...]) -> None:
+def test_grpo_train_with_vllm_resumes_exactly(
+    cli_setup: Any, tmp_path: Any, async_args: tuple[str, ...]
+) -> None:
     """`grpo-train --engine vllm`: 4 steps in one run equal 2 steps + `--resume` 2 steps, bit for
     bit (every step record and the final weights): the resumed engine seeds step s's batch as the
     uninterrupted one did; with `--async 1` the checkpoint's batch drawn ahead is trained as it was

@@ -154,7 +154,8 @@ def test_rewards_and_opening_on_conversations() -> None:
 def test_full_run_uses_the_replies() -> None:
     """The default budget (600 steps, about 2 minutes on a loaded 2-core CPU): the learned opening
     follows the environment's replies (the second guess after "lower" is below the one after
-    "higher", and neither is on the wrong side of the first), and success rises well past the untrained policy's.
+    "higher", and neither is on the wrong side of the first), and success rises well past the
+    untrained policy's.
 
     The success reached varies with the seed and, through floating-point results, with the CPU:
     0.570 for seed 0 on the machine of 2026-11-25, 0.325 on one of 2026-11-27 (benchmarks/
@@ -174,4 +175,5 @@ def test_full_run_uses_the_replies() -> None:
     first, after_lower, after_higher = (int(x) for x in o.groups())
     # a reply-ignoring policy answers "lower" and "higher" alike; an edge first guess (0 or 9)
     # makes one side only reachable for one secret, so the first guess may equal that side's answer
-    assert after_lower <= first <= after_higher and after_lower < after_higher, out.stdout
+    assert after_lower <= first <= after_higher, out.stdout
+    assert after_lower < after_higher, out.stdout
