@@ -124,10 +124,11 @@ def success_metrics(actions: Any) -> dict[str, float]:
     """``{"episode/success_rate": (1/N) sum_i 1[a_i.success]}`` when each of the N actions has a bool
     ``success`` attribute; ``{}`` otherwise (actions that do not report success, or an env that
     reported it for some episodes only)."""
-    try:
-        flags = [getattr(a, "success", None) for a in actions]
-    except TypeError:  # not a sequence of actions (a Tensor is, but its rows have no .success)
+    if not isinstance(actions, Sequence) or not actions:  # a Tensor of actions reports nothing
         return {}
-    if not flags or not all(isinstance(f, bool) for f in flags):
+    if not isinstance(getattr(actions[0], "success", None), bool):  # O(1) for other actions
+        return {}
+    flags = [getattr(a, "success", None) for a in actions]
+    if not all(isinstance(f, bool) for f in flags):
         return {}
     return {"episode/success_rate": sum(1 for f in flags if f) / len(flags)}
