@@ -479,3 +479,51 @@ def test_server_engine_samples_and_takes_pushed_weights(tok: Any, vllm_server: t
         uniform = -math.log(policy.model.config.vocab_size)
         assert torch.allclose(logp[mask], torch.full_like(logp[mask], uniform), atol=1e-5)
         assert _max_gap(policy, gen2) < 1e-5
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_grpo_train_with_vllm_async_resumes_from_a_mid_run_checkpoint(cli_setup: Any, tmp_path: Any) -> None:
+    """`grpo-train --engine vllm --async 1`: a run resumed from the uninterrupted run's step-2
+    checkpoint (taken while batch 3 was already drawn by version 1) trains steps 3 and 4 exactly
+    as the uninterrupted run did: the checkpoint holds the batch drawn ahead, and the engine counts
+    its job (`VLLMEngine.skip_job`), so batch 4 is seeded as before. Bit for bit: every step
+    record (``async/staleness`` 1 included) and the final weights."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from grpo.llm.cli import main
+
+    def run(out: Any, *extra: str) -> None:
+        argv = [
+            "--model-name", str(cli_setup / "model"), "--dataset", str(cli_setup / "data.jsonl"),
+            "--prompt-column", "q", "--batch-size", "2", "--num-generations", "3", "--max-new-tokens", "4",
+            "--save-steps", "2", "--logging-steps", "1", "--output-dir", str(out), "--device", "cpu",
+            "--no-progress", "--engine", "vllm", "--reward", "format", "--seed", "0", "--async", "1",
+            "--max-steps", "4", *extra,
+        ]  # fmt: skip
+        assert main(argv) == 0
+
+    run(tmp_path / "a")
+    shutil.copytree(
+        tmp_path / "a" / "checkpoints" / "step-00000002", tmp_path / "b" / "checkpoints" / "step-00000002"
+    )
+    run(tmp_path / "b", "--resume")
+
+    def records(out: Any) -> list[dict[str, Any]]:
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+        drop = ("time", "throughput", "seconds", "memory")
+        return [
+            {k: "nan" if v != v else v for k, v in json.loads(r).items() if not any(d in k for d in drop)}
+            for r in lines
+        ]
+
+    a, b = records(tmp_path / "a"), records(tmp_path / "b")
+    assert [r["step"] for r in a] == [1.0, 2.0, 3.0, 4.0]
+    assert [r["async/staleness"] for r in a[2:]] == [1.0, 1.0]
+    assert b[-2:] == a[2:]
+    wa = load_file(str(tmp_path / "a" / "final_model" / "model.safetensors"))
+    wb = load_file(str(tmp_path / "b" / "final_model" / "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
