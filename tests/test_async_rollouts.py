@@ -310,22 +310,26 @@ def _script_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
 
 
-def _run_killed(cmd: list[str], out: Any, *, kills: int, seed: int) -> int:
+def _run_killed(cmd: list[str], out: Any, *, kills: int, seed: int, steps: int) -> int:
     """Run ``cmd`` (`tests/data/async_kill_run.py`) until it finishes, killing the first ``kills``
-    attempts with SIGKILL at a random moment (seeded) after each has written a new checkpoint;
-    the number of kills that landed."""
+    attempts with SIGKILL at a random point (seeded): once the attempt has checkpointed a randomly
+    drawn step before the last two, after a random 0-50 ms more (a kill point chosen by step, not
+    by time, so that a fast machine does not finish the run before the kill); the number of kills
+    that landed."""
     import random
     import signal
     import subprocess
 
     rng, landed = random.Random(seed), 0
+    latest = out / "checkpoints" / "latest"
     for attempt in range(kills + 3):
+        start = _checkpointed_step(latest)
         proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_script_env()
         )
-        if attempt < kills:
-            _wait_for_a_new_checkpoint(out / "checkpoints" / "latest", proc)
-            time.sleep(rng.uniform(0.0, 0.5))
+        if attempt < kills and start < steps - 2:
+            _wait_for_a_checkpoint(latest, proc, rng.randint(start + 1, steps - 2))
+            time.sleep(rng.uniform(0.0, 0.05))
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)
                 landed += 1
@@ -336,18 +340,19 @@ def _run_killed(cmd: list[str], out: Any, *, kills: int, seed: int) -> int:
     raise AssertionError(f"the run did not finish after {kills + 3} attempts")
 
 
-def _wait_for_a_new_checkpoint(latest: Path, proc: Any, timeout: float = 300.0) -> None:
-    """Until ``latest`` names another checkpoint than when the attempt started (or it ended)."""
+def _checkpointed_step(latest: Path) -> int:
+    """The step of the checkpoint ``latest`` names (``step-00000005`` -> 5); 0 before the first."""
+    try:
+        return int(latest.read_text().strip().rsplit("-", 1)[1])
+    except (OSError, ValueError, IndexError):
+        return 0
 
-    def name() -> str:
-        try:
-            return latest.read_text()
-        except OSError:
-            return ""
 
-    start, t0 = name(), time.monotonic()
-    while proc.poll() is None and name() == start and time.monotonic() - t0 < timeout:
-        time.sleep(0.01)
+def _wait_for_a_checkpoint(latest: Path, proc: Any, step: int, timeout: float = 300.0) -> None:
+    """Until ``latest`` names a checkpoint of step ``step`` or later (or the process ended)."""
+    t0 = time.monotonic()
+    while proc.poll() is None and _checkpointed_step(latest) < step and time.monotonic() - t0 < timeout:
+        time.sleep(0.005)
 
 
 def _alive(pid: int) -> bool:
@@ -400,8 +405,8 @@ def test_a_worker_run_killed_at_random_points_resumes_bit_for_bit(
         [sys.executable, "tests/data/async_kill_run.py", str(model_dir), str(o), str(steps), str(k)]
         for o in outs
     ]
-    assert _run_killed(cmds[0], outs[0], kills=0, seed=0) == 0
-    landed = _run_killed(cmds[1], outs[1], kills=kills, seed=k)
+    assert _run_killed(cmds[0], outs[0], kills=0, seed=0, steps=steps) == 0
+    landed = _run_killed(cmds[1], outs[1], kills=kills, seed=k, steps=steps)
     assert landed >= 1
     starts = [int(s) for s in (outs[1] / "starts.txt").read_text().split()]
     assert any(0 < s < steps for s in starts), starts  # resumed from a checkpoint, then trained
