@@ -141,6 +141,26 @@ def sampling_params_kwargs(
     }
 
 
+def generated_from_samples(
+    policy: Any,
+    states: Any,
+    prompts: list[list[int]],
+    samples: Any,
+    opts: Any,
+    device: torch.device,
+    version: int,
+    t0: float,
+) -> tuple[Generated, dict[str, float]]:
+    """vLLM's samples (B lists of G, from this process or a server) -> the `Generated` of policy
+    version ``version`` and the generation's figures (completion tokens, seconds since ``t0``)."""
+    actions, logp = completions_and_log_probs(
+        policy.tokenizer, prompts, samples, policy.eos_token_ids, opts, device
+    )
+    tokens = sum(len(s.token_ids) for group in samples for s in group)
+    figures = {"completion_tokens": float(tokens), "seconds": time.perf_counter() - t0}
+    return Generated(states, actions, logp, version), figures
+
+
 def request_seeds(seed: int, job: int, num_prompts: int, group_size: int) -> list[int]:
     """One seed per prompt of generation job ``job``: ``base + k * G`` for prompt k, with
     ``base`` drawn from ``(seed, job)``. vLLM gives the i-th of a prompt's G samples the seed
@@ -509,12 +529,10 @@ class VLLMEngine:
         t0 = time.perf_counter()
         with preserved_global_rng():  # vLLM's CPU sampler draws from torch's global generator
             samples = _vllm_generate(self._vllm, self._llm, prompts, params, self._lora)
-        actions, logp = completions_and_log_probs(
-            self.policy.tokenizer, prompts, samples, self.policy.eos_token_ids, opts, device
+        generated, self.last_generation = generated_from_samples(
+            self.policy, states, prompts, samples, opts, device, self._loaded_version, t0
         )
-        tokens = sum(len(s.token_ids) for group in samples for s in group)
-        self.last_generation = {"completion_tokens": float(tokens), "seconds": time.perf_counter() - t0}
-        return Generated(states, actions, logp, self._loaded_version)
+        return generated
 
     # ---- weights -----------------------------------------------------------------------------
     def skip_job(self) -> None:

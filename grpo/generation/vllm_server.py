@@ -42,7 +42,7 @@ from torch import Tensor
 from grpo.generation.engine import Generated
 from grpo.generation.vllm_engine import (
     VLLMSample,
-    completions_and_log_probs,
+    generated_from_samples,
     request_seeds,
     sampling_params_kwargs,
 )
@@ -216,13 +216,10 @@ class VLLMServerEngine:
         t0 = time.perf_counter()
         answers = list(self._requests.map(lambda b: self._post("/v1/completions", b), bodies))
         samples = [samples_from_response(a) for a in answers]
-        policy = self.policy
-        actions, logp = completions_and_log_probs(
-            policy.tokenizer, prompts, samples, policy.eos_token_ids, opts, policy.device
+        generated, self.last_generation = generated_from_samples(
+            self.policy, states, prompts, samples, opts, self.policy.device, self._loaded_version, t0
         )
-        tokens = sum(len(s.token_ids) for group in samples for s in group)
-        self.last_generation = {"completion_tokens": float(tokens), "seconds": time.perf_counter() - t0}
-        return Generated(states, actions, logp, self._loaded_version)
+        return generated
 
     # ---- weights -----------------------------------------------------------------------------
     def skip_job(self) -> None:
