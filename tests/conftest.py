@@ -153,3 +153,15 @@ def one_thread() -> Any:
 @pytest.fixture
 def contextual() -> ContextualBandit:
     return ContextualBandit(seed=0)
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> None:
+    """Skips the test, naming why, where `grpo.envs.sandbox` cannot run (no bubblewrap, user
+    namespaces off): the sandbox tests and the code reward's."""
+    from grpo.envs.sandbox import SandboxUnavailable, run_python
+
+    try:
+        run_python("pass")
+    except SandboxUnavailable as e:
+        pytest.skip(f"no sandbox here: {e}")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from grpo.envs.sandbox import SandboxLimits, SandboxUnavailable, run_python
+from grpo.envs.sandbox import SandboxLimits
 from grpo.llm.code_rewards import CodeTests, code_tests_reward, extract_code, parse_tests, run_tests
 from grpo.llm.rewards import RewardFunctions
 
@@ -22,14 +22,6 @@ ASSERTS = [
 ]
 IO = [{"input": "1 2\n", "output": "3\n"}, {"input": "10 -4\n", "output": "6\n"}]
 LIMITS = SandboxLimits(cpu_seconds=1, wall_seconds=4, memory_bytes=256 * 2**20)
-
-
-@pytest.fixture(scope="module")
-def sandbox() -> None:
-    try:
-        run_python("pass")
-    except SandboxUnavailable as e:
-        pytest.skip(f"no sandbox here: {e}")
 
 
 def fenced(code: str) -> str:

@@ -23,14 +23,6 @@ from tests.sandbox_attacks import ATTACKS
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def sandbox() -> None:
-    try:
-        run_python("print(1)")
-    except SandboxUnavailable as e:
-        pytest.skip(f"no sandbox here: {e}")
-
-
 def _run(code: str, **limits: Any) -> Any:
     return run_python(code, SandboxLimits(**{"cpu_seconds": 2, "wall_seconds": 10, **limits}))
 
