@@ -18,9 +18,13 @@ small model on the CPU a step of ``generate`` is mostly its own bookkeeping (pre
 the logits-processor list inspecting each processor's signature, the stopping criteria):
 benchmarks/llm_throughput.py measures the difference.
 
-`CausalLMPolicy(decoding="auto")` (the default) samples with this loop where it applies (no
-top-k / top-p / min-p / repetition penalty, weights not partitioned over processes) and with
-``generate`` otherwise; ``decoding="generate"`` always uses ``generate``.
+This loop is the fast **twin** of Hugging Face ``generate`` (the readable, general route: every
+logits processor, synced processes): `SamplingSettings(decoding="auto")` (the default) samples
+with it where it applies (no top-k / top-p / min-p / repetition penalty, weights not partitioned
+over processes) and with ``generate`` otherwise; ``decoding="generate"`` always uses
+``generate``. It stays because it buys more than 5 % of a whole GRPO step on a tiny LM
+(benchmarks/sampling_route.py, docs/llm.md) and is tested equal to ``generate``: the same tokens
+from the same seed, bitwise.
 """
 
 from __future__ import annotations
