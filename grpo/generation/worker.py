@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
 __all__ = [
+    "DeferredCall",
     "GenerationWorkerError",
     "SharedWeights",
     "WorkerEngine",
@@ -140,6 +141,26 @@ def sample_with_log_probs(
         else [s for s in states for _ in range(g)]
     )
     return actions, policy.get_log_probabilities(flat_states, flat_actions)
+
+
+class DeferredCall:
+    """A picklable ``make_policy`` whose function and arguments are unpickled only when it is
+    called: ``DeferredCall(fn, *args, **kwargs)()`` is ``fn(*args, **kwargs)``.
+
+    Spawn unpickles a process's arguments before its target runs, so a plain
+    ``functools.partial(fn, ...)`` imports ``fn``'s module (for a language model: transformers)
+    before the worker watches for its trainer's death (`worker_lifetime.exit_with_trainer`); a
+    trainer killed meanwhile would leave the worker importing for seconds. Here those imports
+    run inside ``make_policy()``, after the watch is set up.
+    """
+
+    def __init__(self, fn: Callable[..., PolicyModel], *args: Any, **kwargs: Any) -> None:
+        self.payload = pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+
+    def __call__(self) -> PolicyModel:
+        fn, args, kwargs = pickle.loads(self.payload)
+        policy: PolicyModel = fn(*args, **kwargs)
+        return policy
 
 
 def trainable_tensors(policy: PolicyModel) -> dict[str, Tensor]:

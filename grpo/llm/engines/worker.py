@@ -10,14 +10,13 @@ lifetime) knows nothing of language models.
 
 from __future__ import annotations
 
-import functools
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from grpo.generation.worker import WorkerEngine
+from grpo.generation.worker import DeferredCall, WorkerEngine
 from grpo.generation.worker_lifetime import owned_temp_dir, remove_owned_dir
 from grpo.llm._deps import require
 from grpo.llm.lora import base_model_state_dict
@@ -56,15 +55,15 @@ def causal_lm_worker(
     return WorkerEngine(make, seed=seed, name=name, num_threads=num_threads, cleanup_dir=directory)
 
 
-def causal_lm_factory(
-    policy: CausalLMPolicy, directory: str, *, device: str | None = None
-) -> functools.partial[CausalLMPolicy]:
+def causal_lm_factory(policy: CausalLMPolicy, directory: str, *, device: str | None = None) -> DeferredCall:
     """Save ``policy`` to ``directory`` (`save_causal_lm`) and return the picklable call that
     rebuilds it there (`load_causal_lm_policy`): the same `SamplingSettings` object, prompt options
     (chat template, system prompt, prompt length) and scoring options (log-prob chunk, autocast,
     compile), none of the training-only ones (gradient checkpointing: the worker runs no
-    backward; a separate reference adapter: the KL reference stays the trainer's)."""
-    return functools.partial(
+    backward; a separate reference adapter: the KL reference stays the trainer's). A
+    `DeferredCall`: the worker imports this package (transformers) only when it builds the policy,
+    after it watches for its trainer's death."""
+    return DeferredCall(
         load_causal_lm_policy,
         directory,
         policy.sampling,
