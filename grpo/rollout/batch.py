@@ -2,8 +2,9 @@
 
 Made by `grpo.experience_collector.ExperienceCollector` (a rollout) or by
 `ExperienceBatch.from_groups` (groups gathered elsewhere); read by the advantages and the update.
-`select_rows` takes rows of a batch's items (Tensor or list); `evaluate_log_probs` is the policy's
-forward over a batch's actions (all rows, or a micro-batch's).
+Its pure operations live here: `ExperienceBatch.select_groups` (some of its groups, every field at
+once), `select_rows` (rows of one item, Tensor or list) and `evaluate_log_probs` (the policy's
+forward over a batch's actions, all rows or a micro-batch's).
 
 Two data forms are handled, each on its own (states and actions independently):
 
@@ -16,7 +17,7 @@ Two data forms are handled, each on its own (states and actions independently):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -136,6 +137,41 @@ class ExperienceBatch:
     @property
     def num_groups(self) -> int:
         return len(self.states)
+
+    def select_groups(self, groups: Tensor) -> ExperienceBatch:
+        """The groups ``groups`` ((k,) int64 indices, in that order) of a group-major batch with a
+        uniform group size G, as a batch of k groups: every per-group and per-sample field takes
+        the same rows, ``rows = groups[:, None] * G + arange(G)`` flattened (k*G,), and
+        ``group_ids`` become ``[0]*G + ... + [k-1]*G``. ``loss_rows`` are kept as selected (rows
+        without gradient stay so); ``timings`` and ``dropped_groups`` are kept as they are."""
+        g = self.group_size
+        if g is None:
+            raise ValueError("select_groups needs a uniform group size; this batch's groups differ in size.")
+        groups = groups.to(self.group_ids.device)
+        rows = (groups.unsqueeze(1) * g + torch.arange(g, device=groups.device)).flatten()
+        per_row = {name: select_rows(getattr(self, name), rows) for name in _ROW_FIELDS}
+        return replace(
+            self,
+            states=select_rows(self.states, groups),
+            group_ids=torch.arange(int(groups.shape[0]), device=rows.device).repeat_interleave(g),
+            reward_components={k: v.index_select(0, rows) for k, v in self.reward_components.items()},
+            **per_row,
+        )
+
+
+_ROW_FIELDS = (
+    "flat_states",
+    "actions",
+    "rewards",
+    "step_rewards",
+    "old_log_probs",
+    "ref_log_probs",
+    "sampler_log_probs",
+    "mask",
+    "loss_rows",
+    "policy_versions",
+)
+"""The `ExperienceBatch` fields with one row per sample (N rows)."""
 
 
 def _checked_group_states(states: Any, where: str, device: torch.device) -> Any:
