@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -26,7 +27,7 @@ from grpo.advantage_estimator import uniform_group_ids
 from grpo.generation.engine import GenerationEngine, InProcessEngine
 from grpo.policy_base import PolicyModel, has_method, set_training_mode
 from grpo.reward_model_base import RewardModel
-from grpo.rollout.batch import ExperienceBatch, evaluate_log_probs, select_rows
+from grpo.rollout.batch import ExperienceBatch, concat_batches, evaluate_log_probs, select_rows
 from grpo.rollout.checks import (
     checked_step_rewards,
     method_name,
@@ -34,8 +35,19 @@ from grpo.rollout.checks import (
     states_type_error,
     to_reward_tensor,
 )
+from grpo.rollout.dynamic_sampling import (
+    DrawCounter,
+    MoreStates,
+    mixed_groups,
+    pick_groups,
+    sampling_metrics,
+    short_of_message,
+)
 from grpo.rollout.log_probs import LogProbs, normalise_log_probs
 from grpo.rollout.reward_guard import call_reward
+
+if TYPE_CHECKING:
+    from grpo.config import GRPOConfig
 
 __all__ = [
     "ExperienceBatch",
@@ -96,6 +108,12 @@ class ExperienceCollector:
             ``dropped_groups``) instead of raising. Off for training (a step needs a group);
             `grpo.training.evaluation.evaluate` turns it on and raises only when no group of the
             whole evaluation is left.
+        max_draws: ``GRPOConfig.max_sampling_draws``: with more than 1, dynamic sampling with
+            back-fill (`grpo.rollout.dynamic_sampling`): up to this many batches of states a
+            step, drawn from ``more_states`` (`collect_for_update`), until B groups have mixed
+            rewards; ``draws`` counts the batches drawn beyond one per step.
+        reward_clip: ``GRPOConfig.reward_clip``: rewards are clipped so before a group's rewards
+            are compared (as the advantages compare them).
     """
 
     def __init__(
@@ -113,6 +131,8 @@ class ExperienceCollector:
         mask_truncated: bool = False,
         engine: GenerationEngine | None = None,
         allow_empty: bool = False,
+        max_draws: int = 1,
+        reward_clip: float | None = None,
     ) -> None:
         self.policy = policy
         self.reward_model = reward_model
@@ -125,8 +145,39 @@ class ExperienceCollector:
         self.reward_timeout = reward_timeout
         self.mask_truncated = mask_truncated
         self.allow_empty = allow_empty
+        self.max_draws = max_draws
+        self.reward_clip = reward_clip
+        self.draws = DrawCounter()
         self._ids_cache: tuple[tuple[int, int, torch.device], Tensor] | None = None
         self.engine: GenerationEngine = InProcessEngine(policy) if engine is None else engine
+
+    @classmethod
+    def from_config(
+        cls,
+        config: GRPOConfig,
+        policy: PolicyModel,
+        reward_model: RewardModel,
+        device: torch.device,
+        reference_policy: PolicyModel | None,
+        engine: GenerationEngine,
+    ) -> ExperienceCollector:
+        """The trainer's collector: its settings from ``config`` (``group_size``,
+        ``invalid_rewards``, ``reward_timeout``, ``mask_truncated_completions``, the sampler
+        correction, ``max_sampling_draws``, ``reward_clip``); behaviour log-probs recorded by default."""
+        return cls(
+            policy,
+            reward_model,
+            config.group_size,
+            device,
+            reference_policy=reference_policy,
+            record_sampler_log_probs=config.effective_sampler_is_cap is not None,
+            invalid_rewards=config.invalid_rewards,
+            reward_timeout=config.reward_timeout,
+            mask_truncated=config.mask_truncated_completions,
+            engine=engine,
+            max_draws=config.max_sampling_draws,
+            reward_clip=config.reward_clip,
+        )
 
     def collect(self, states: Any, **generate_kwargs: Any) -> ExperienceBatch:
         """Sample G actions per state, score them, and record old/ref log-probs (no gradient)."""
@@ -149,37 +200,82 @@ class ExperienceCollector:
         return states
 
     def collect_for_update(
-        self, states: Any, generate_kwargs: dict[str, Any], *, record_old: bool | None = None
+        self,
+        states: Any,
+        generate_kwargs: dict[str, Any],
+        *,
+        record_old: bool | None = None,
+        more_states: MoreStates | None = None,
     ) -> ExperienceBatch:
         """`collect` of ``states`` as `checked_states` returns them (the trainer checks them once,
         before it decides the update's plan), recording ``old_log_probs`` (and so the mask) only
         when ``record_old``: the update needs them before its forwards
         (`grpo.update.plan.UpdateDecisions`, decided by the trainer once per step); None =
         ``record_old_log_probs``. Otherwise they come from the update's first forwards, saving a
-        policy forward.
+        policy forward. ``more_states``: where back-fill draws more states (``max_draws`` > 1).
 
         The rollout, in one pass (each line one part, below in this order)::
 
-            actions, reported, version = generate(states)    # B groups of G, flat (N = B*G)
-            batch = scored(states, actions, ...)              # rewards of the N samples
-            batch = valid_groups(batch)                       # drop_groups: invalid groups out
-            batch = with_log_probs(batch)                     # behaviour / reference log-probs
+            batch = drawn(states)              # generate B groups of G, score, drop invalid groups
+            batch = back_filled(batch)         # max_draws > 1: draw until B groups are mixed
+            batch = with_log_probs(batch)      # behaviour / reference log-probs, no gradient
         """
         record = self.record_old_log_probs if record_old is None else record_old
         with torch.no_grad():
-            t0 = time.perf_counter()
-            actions, reported, version = self._generate(states, generate_kwargs, record)
-            t1 = time.perf_counter()
-            batch = self._valid_groups(self._scored(states, actions, reported, version))
+            batch = self._drawn(states, generate_kwargs, record)
+            if self.max_draws > 1:
+                batch = self._back_filled(batch, len(states), more_states, generate_kwargs, record)
             batch = dataclasses.replace(batch, loss_rows=self._loss_rows(batch.actions))
-            t2 = time.perf_counter()
+            t0 = time.perf_counter()
             # per-step credit needs the step mask before the update: record the log-probs now
             batch = self._with_log_probs(batch, record or batch.step_rewards is not None)
             if batch.step_rewards is not None:
                 step = checked_step_rewards(batch.step_rewards, batch.mask, self.reward_model)
                 batch = dataclasses.replace(batch, step_rewards=step, rewards=step.sum(-1))
-            timings = {"generate": t1 - t0, "score": t2 - t1, "logprobs": time.perf_counter() - t2}
+            timings = {**batch.timings, "logprobs": time.perf_counter() - t0}
         return dataclasses.replace(batch, timings=timings)
+
+    def _drawn(self, states: Any, generate_kwargs: dict[str, Any], record: bool) -> ExperienceBatch:
+        """One draw: G actions for each of the B ``states``, their rewards, without the groups
+        holding an invalid reward (``invalid_rewards="drop_groups"``); timed."""
+        t0 = time.perf_counter()
+        actions, reported, version = self._generate(states, generate_kwargs, record)
+        t1 = time.perf_counter()
+        batch = self._valid_groups(self._scored(states, actions, reported, version))
+        return dataclasses.replace(batch, timings={"generate": t1 - t0, "score": time.perf_counter() - t1})
+
+    def _back_filled(
+        self,
+        first: ExperienceBatch,
+        target: int,
+        more_states: MoreStates | None,
+        generate_kwargs: dict[str, Any],
+        record: bool,
+    ) -> ExperienceBatch:
+        """Dynamic sampling (`grpo.rollout.dynamic_sampling`): draw batches of ``more_states()``
+        after ``first`` until ``target`` (B) groups are mixed or ``max_draws`` batches were drawn,
+        then keep `pick_groups` of them, with the ``sampling/*`` metrics."""
+        draws, found, ran_out = [first], self._num_mixed(first), False
+        while found < target and len(draws) < self.max_draws:
+            states = None if more_states is None else more_states()
+            if states is None:
+                ran_out = True
+                break
+            self.draws.extra += 1  # the source moved on, whatever happens to this draw
+            draws.append(self._drawn(self.checked_states(states), generate_kwargs, record))
+            found += self._num_mixed(draws[-1])
+        every = concat_batches(draws)
+        mixed = mixed_groups(every.rewards, self.group_size, self.reward_clip)
+        if found < target:
+            why = "no source" if more_states is None else "ran out" if ran_out else "cap"
+            warnings.warn(
+                short_of_message(found, target, len(draws), why, self.max_draws), UserWarning, stacklevel=5
+            )
+        kept = every.select_groups(pick_groups(mixed, target))
+        return dataclasses.replace(kept, sampling=sampling_metrics(mixed, target, len(draws), found < target))
+
+    def _num_mixed(self, batch: ExperienceBatch) -> int:
+        return int(mixed_groups(batch.rewards, self.group_size, self.reward_clip).sum())
 
     def _generate(
         self, states: Any, generate_kwargs: dict[str, Any], record: bool
