@@ -427,8 +427,8 @@ class GRPOConfig:
         default=False,
         metadata=_help(
             "Drop groups whose rewards are all equal from the loss (their GRPO advantage is 0) and "
-            "from the loss normaliser (DAPO dynamic-sampling filter, without resampling). Logged "
-            "as advantage/frac_dropped_groups."
+            "from the loss normaliser (DAPO dynamic-sampling filter; max_sampling_draws > 1 also "
+            "refills the batch). Logged as advantage/frac_dropped_groups."
         ),
     )
     max_sampling_draws: int = field(
