@@ -27,7 +27,7 @@ from grpo.advantage_estimator import uniform_group_ids
 from grpo.generation.engine import GenerationEngine, InProcessEngine
 from grpo.policy_base import PolicyModel, has_method, set_training_mode
 from grpo.reward_model_base import RewardModel
-from grpo.rollout.batch import ExperienceBatch, concat_batches, evaluate_log_probs, select_rows
+from grpo.rollout.batch import ExperienceBatch, evaluate_log_probs, select_rows
 from grpo.rollout.checks import (
     checked_step_rewards,
     method_name,
@@ -35,14 +35,7 @@ from grpo.rollout.checks import (
     states_type_error,
     to_reward_tensor,
 )
-from grpo.rollout.dynamic_sampling import (
-    DrawCounter,
-    MoreStates,
-    mixed_groups,
-    pick_groups,
-    sampling_metrics,
-    short_of_message,
-)
+from grpo.rollout.dynamic_sampling import DrawCounter, MoreStates, kept_groups, mixed_groups, short_of_message
 from grpo.rollout.log_probs import LogProbs, normalise_log_probs
 from grpo.rollout.reward_guard import call_reward
 
@@ -264,18 +257,19 @@ class ExperienceCollector:
             self.draws.extra += 1  # the source moved on, whatever happens to this draw
             draws.append(self._drawn(self.checked_states(states), generate_kwargs, record))
             found += self._num_mixed(draws[-1])
-        every = concat_batches(draws)
-        mixed = mixed_groups(every.rewards, self.group_size, self.reward_clip)
         if found < target:
             why = "no source" if more_states is None else "ran out" if ran_out else "cap"
             warnings.warn(
                 short_of_message(found, target, len(draws), why, self.max_draws), UserWarning, stacklevel=5
             )
-        kept = every.select_groups(pick_groups(mixed, target))
-        return dataclasses.replace(kept, sampling=sampling_metrics(mixed, target, len(draws), found < target))
+        return kept_groups(draws, [self._mixed(d) for d in draws], target)
+
+    def _mixed(self, batch: ExperienceBatch) -> Tensor:
+        """(B,) bool: `mixed_groups` of ``batch``."""
+        return mixed_groups(batch.rewards, self.group_size, self.reward_clip)
 
     def _num_mixed(self, batch: ExperienceBatch) -> int:
-        return int(mixed_groups(batch.rewards, self.group_size, self.reward_clip).sum())
+        return int(self._mixed(batch).sum())
 
     def _generate(
         self, states: Any, generate_kwargs: dict[str, Any], record: bool

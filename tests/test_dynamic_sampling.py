@@ -320,3 +320,27 @@ def test_concat_batches_pads_steps_and_renumbers_groups() -> None:
     assert joined.old_log_probs is not None
     assert joined.old_log_probs[2:].tolist() == [[-1.0, 0.0, 0.0]] * 4
     assert (joined.dropped_groups, joined.timings) == (3, {"generate": 2.0})
+
+
+def test_kept_groups_pads_only_to_the_draws_that_keep_a_group() -> None:
+    """A draw whose groups are all left out does not widen the batch: its T=5 log-probs would
+    not match the policy's forward over the kept actions (T=2)."""
+    from grpo.rollout.dynamic_sampling import kept_groups
+
+    def draw(rewards: list[float], t: int) -> ExperienceBatch:
+        n = len(rewards)
+        return ExperienceBatch(
+            states=[f"s{i}" for i in range(n // 2)], flat_states=list(range(n)), actions=list(range(n)),
+            group_ids=torch.arange(n // 2).repeat_interleave(2), group_size=2,
+            rewards=torch.tensor(rewards), sampler_log_probs=torch.zeros(n, t),
+            mask=torch.ones(n, t, dtype=torch.bool), dropped_groups=1, timings={"score": 0.5},
+        )  # fmt: skip
+
+    first, second = draw([1.0, 1.0, 0.0, 0.0], 5), draw([0.0, 1.0, 2.0, 3.0], 2)
+    mixed = [torch.tensor([False, False]), torch.tensor([True, True])]
+    batch = kept_groups([first, second], mixed, 2)
+    assert batch.sampler_log_probs is not None
+    assert tuple(batch.sampler_log_probs.shape) == (4, 2)
+    assert batch.rewards.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert (batch.dropped_groups, batch.timings) == (2, {"score": 1.0})
+    assert (batch.sampling["sampling/capped"], batch.sampling["sampling/dropped_groups"]) == (0.0, 2.0)

@@ -21,16 +21,20 @@ The draws are counted (`DrawCounter`, checkpointed by the trainer) so that
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from grpo.rollout.batch import ExperienceBatch, concat_batches
+
 __all__ = [
     "DRAWS_COMPONENT",
     "DrawCounter",
     "MoreStates",
+    "kept_groups",
     "mixed_groups",
     "pick_groups",
     "sampling_metrics",
@@ -79,6 +83,32 @@ def pick_groups(mixed: Tensor, target: int) -> Tensor:
         return mixed_idx[:target]
     equal_idx = (~mixed).nonzero().flatten()[: target - int(mixed_idx.numel())]
     return torch.cat([mixed_idx, equal_idx]).sort().values
+
+
+def kept_groups(draws: Sequence[ExperienceBatch], mixed: Sequence[Tensor], target: int) -> ExperienceBatch:
+    """The step's batch from its ``draws`` (``mixed[i]``: (B_i,) bool, `mixed_groups` of draw i):
+    the groups `pick_groups` chooses, taken from each draw before the draws are joined (so the
+    per-step fields are padded only to the longest T of a draw that keeps a group), with every
+    draw's ``dropped_groups`` and ``timings`` summed and the ``sampling/*`` metrics."""
+    every = torch.cat(list(mixed))
+    picked = pick_groups(every, target)
+    parts, start = [], 0
+    for draw in draws:
+        mine = picked[(picked >= start) & (picked < start + draw.num_groups)] - start
+        start += draw.num_groups
+        if mine.numel() > 0:
+            parts.append(draw.select_groups(mine))
+    joined = concat_batches(parts) if parts else draws[0]
+    timings: dict[str, float] = {}
+    for draw in draws:
+        for k, v in draw.timings.items():
+            timings[k] = timings.get(k, 0.0) + v
+    return dataclasses.replace(
+        joined,
+        dropped_groups=sum(d.dropped_groups for d in draws),
+        timings=timings,
+        sampling=sampling_metrics(every, target, len(draws), int(every.sum()) < target),
+    )
 
 
 def sampling_metrics(mixed: Tensor, target: int, draws: int, capped: bool) -> dict[str, float]:
