@@ -38,6 +38,7 @@ from grpo.advantage_estimator import (
     with_statistics,
 )
 from grpo.algorithms.kl import KLFn
+from grpo.algorithms.loss_plugins import loss_plugin
 from grpo.algorithms.policy_losses import PolicyLossFn
 from grpo.config import GRPOConfig
 from grpo.engine.backends import Backend
@@ -223,9 +224,10 @@ class GRPOTrainer(TrainerStateMixin):
         return True if self.config.entropy_coeff != 0 else "no_grad"
 
     def _fused_loss(self) -> FusedLoss | None:
-        """``GRPOConfig.use_liger_loss``: Liger's fused GRPO loss (`grpo.llm.liger.LigerGRPOLoss`)
-        on the policy's ``lm_head_inputs``, or None. The config's settings were checked by
-        `GRPOConfig`; here the policy, user loss functions and the package (ImportError)."""
+        """``GRPOConfig.use_liger_loss``: Liger's fused GRPO loss (the loss plugin ``"liger"``,
+        `grpo.llm.liger.LigerGRPOLoss`) on the policy's ``lm_head_inputs``, or None. Here the
+        policy and user loss functions; building it checks the config's settings (ValueError) and
+        the package (ImportError)."""
         if not self.config.use_liger_loss:
             return None
         if self.objective.loss_fn is not None or self.objective.kl_fn is not None:
@@ -240,9 +242,14 @@ class GRPOTrainer(TrainerStateMixin):
                 f"grpo.llm.policy.LMHeadInputs (grpo.llm.CausalLMPolicy has it). Set "
                 f"use_liger_loss=False for this policy."
             )
-        from grpo.llm.liger import LigerGRPOLoss, compile_liger_loss  # ImportError names liger-kernel
-
-        return LigerGRPOLoss(self.config, compiled=compile_liger_loss(self.device))
+        plugin = loss_plugin("liger")  # registered by grpo.llm.liger (import grpo.llm)
+        if plugin is None:
+            raise ImportError(
+                "GRPOConfig(use_liger_loss=True): Liger's loss is registered by grpo.llm, which is not "
+                "imported; import grpo.llm (pip install liger-kernel too) or set use_liger_loss=False."
+            )
+        fused: FusedLoss = plugin.build(self.config, self.device)  # ImportError names liger-kernel
+        return fused
 
     def _start_engine(self) -> None:
         """The sampler's log-probs must come from somewhere: an engine with its own weights
