@@ -248,28 +248,26 @@ class ExperienceCollector:
         """Dynamic sampling (`grpo.rollout.dynamic_sampling`): draw batches of ``more_states()``
         after ``first`` until ``target`` (B) groups are mixed or ``max_draws`` batches were drawn,
         then keep `pick_groups` of them, with the ``sampling/*`` metrics."""
-        draws, found, ran_out = [first], self._num_mixed(first), False
-        while found < target and len(draws) < self.max_draws:
+        draws, mixed, ran_out = [first], [self._mixed(first)], False
+        while sum(int(m.sum()) for m in mixed) < target and len(draws) < self.max_draws:
             states = None if more_states is None else more_states()
             if states is None:
                 ran_out = True
                 break
             self.draws.extra += 1  # the source moved on, whatever happens to this draw
             draws.append(self._drawn(self.checked_states(states), generate_kwargs, record))
-            found += self._num_mixed(draws[-1])
+            mixed.append(self._mixed(draws[-1]))
+        found = sum(int(m.sum()) for m in mixed)
         if found < target:
             why = "no source" if more_states is None else "ran out" if ran_out else "cap"
             warnings.warn(
                 short_of_message(found, target, len(draws), why, self.max_draws), UserWarning, stacklevel=5
             )
-        return kept_groups(draws, [self._mixed(d) for d in draws], target)
+        return kept_groups(draws, mixed, target)
 
     def _mixed(self, batch: ExperienceBatch) -> Tensor:
         """(B,) bool: `mixed_groups` of ``batch``."""
         return mixed_groups(batch.rewards, self.group_size, self.reward_clip)
-
-    def _num_mixed(self, batch: ExperienceBatch) -> int:
-        return int(self._mixed(batch).sum())
 
     def _generate(
         self, states: Any, generate_kwargs: dict[str, Any], record: bool
