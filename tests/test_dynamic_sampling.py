@@ -180,9 +180,9 @@ def position_reward(prompts: list[str], completions: list[str]) -> list[float]:
 
 def test_llm_train_back_fills_and_its_behaviour_log_probs_fit_the_joined_batch(tmp_path: Path) -> None:
     """A tiny causal LM, G=2, B=2: step 1 draws [H0,M1], [E2,E3], [M4,H5] (3 draws, M1 and M4
-    kept); step 2 draws [M6,M7]. The behaviour log-probs recorded per draw (completions of
-    different lengths, right-padded when the draws are joined; two optimizer steps a step, so they
-    are recorded at collection) are the policy's own on the joined batch."""
+    kept); step 2 draws [M6,M7]. Two optimizer steps a step, so the behaviour log-probs are
+    recorded at collection, over the joined batch of two draws' completions: they equal a forward
+    of a policy with the collection's weights over that batch."""
     pytest.importorskip("transformers")
     from grpo.llm import CausalLMPolicy, RewardFunctions
     from grpo.rollout.batch import evaluate_log_probs
