@@ -37,6 +37,8 @@ __all__ = [
     "SEED_KEYWORDS",
     "GRPOConfig",
     "liger_config_problems",
+    "optimizer_steps_per_step",
+    "resolve_mini_batch_size",
     "translate_seed_keywords",
 ]
 
@@ -181,6 +183,25 @@ def _unknown_fields_message(where: str, unknown: dict[str, Any], known: list[str
     listed = not all(_meant(name, known) for name in unknown)
     listing = f" Valid fields: {', '.join(sorted(known))}." if listed else ""
     return f"{where} got unknown field{'s' if len(parts) > 1 else ''} {', '.join(parts)}.{listing}"
+
+
+def resolve_mini_batch_size(
+    batch_size: int, mini_batch_size: int | None, num_mini_batches: int | None
+) -> int:
+    """States per optimizer step: ``mini_batch_size``; else the largest divisor of ``batch_size``
+    that is at most ``batch_size // num_mini_batches``; else ``batch_size`` (one step per epoch)."""
+    if mini_batch_size is not None:
+        return mini_batch_size
+    if num_mini_batches is None:
+        return batch_size
+    most = max(1, batch_size // num_mini_batches)
+    return max(d for d in range(1, most + 1) if batch_size % d == 0)
+
+
+def optimizer_steps_per_step(batch_size: int, mini_batch_size: int, num_epochs_per_update: int) -> int:
+    """Optimizer steps of one trainer step: E * B / M (E epochs over the batch of B states, M states
+    per optimizer step, the resolved mini-batch size). The one place this number is computed."""
+    return num_epochs_per_update * (batch_size // mini_batch_size)
 
 
 @dataclass
@@ -968,12 +989,7 @@ class GRPOConfig:
     @property
     def resolved_mini_batch_size(self) -> int:
         """States per optimizer step (from mini_batch_size, or num_mini_batches, or batch_size)."""
-        if self.mini_batch_size is not None:
-            return self.mini_batch_size
-        if self.num_mini_batches is None:
-            return self.batch_size
-        most = max(1, self.batch_size // self.num_mini_batches)
-        return max(d for d in range(1, most + 1) if self.batch_size % d == 0)
+        return resolve_mini_batch_size(self.batch_size, self.mini_batch_size, self.num_mini_batches)
 
     @property
     def resolved_micro_batch_size(self) -> int:
@@ -992,7 +1008,9 @@ class GRPOConfig:
     @property
     def optimizer_steps_per_step(self) -> int:
         """num_epochs_per_update * batch_size / mini_batch_size."""
-        return self.num_epochs_per_update * (self.batch_size // self.resolved_mini_batch_size)
+        return optimizer_steps_per_step(
+            self.batch_size, self.resolved_mini_batch_size, self.num_epochs_per_update
+        )
 
     def derived(self) -> dict[str, Any]:
         return {

@@ -79,7 +79,7 @@ def test_lora_writes_adapter_loadable_with_peft(
     peft = pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM
 
-    import grpo.llm.cli as cli
+    import grpo.llm.cli_run as cli
     from grpo.llm import DisabledAdapterReference
 
     made: list[Any] = []
@@ -260,7 +260,7 @@ def test_logging_steps_bar_wandb_checkpoints_and_appended_metrics(
     (the last) to metrics.jsonl, the log and W&B; --save-steps 2 saves checkpoint-2 with that
     step's record (the command's own keys included); the tqdm bar shows reward and tokens/s;
     metrics.jsonl is appended to by a second run."""
-    import grpo.llm.cli as cli
+    import grpo.llm.cli_outputs as cli
 
     FakeWandb.made.clear()
     monkeypatch.setattr(cli, "WandbSink", FakeWandb)

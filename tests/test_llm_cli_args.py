@@ -166,7 +166,7 @@ def option_lines(help_text: str) -> list[list[str]]:
 def test_help_lists_every_knob_once() -> None:
     """Each GRPOConfig field (a field added later too), each option of the command and each of
     seed 003's flags is on exactly one option line of --help, and no flag is on two."""
-    from grpo.llm.cli import _OPTION_GROUPS, build_parser
+    from grpo.llm.cli_options import OPTION_GROUPS, build_parser
 
     text = build_parser().format_help()
     flags = [f for line in option_lines(text) for f in line]
@@ -174,7 +174,7 @@ def test_help_lists_every_knob_once() -> None:
     from grpo.training.evaluation import EvalOptions
 
     fields = [f.name for f in dataclasses.fields(GRPOConfig)]
-    fields += [f.name for _, cls in _OPTION_GROUPS for f in dataclasses.fields(cls)]
+    fields += [f.name for _, cls in OPTION_GROUPS for f in dataclasses.fields(cls)]
     fields += ["eval_" + f.name for f in dataclasses.fields(EvalOptions)]  # --eval-answer included
     for name in fields:
         assert flags.count("--" + name.replace("_", "-")) == 1, name
@@ -408,7 +408,7 @@ class TrainerSpy:
 
     @staticmethod
     def install(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-        import grpo.llm.cli as cli
+        import grpo.llm.cli_run as cli
 
         made: list[Any] = []
 
