@@ -172,7 +172,7 @@ def test_lora_runs_with_the_same_seed_are_identical(setup: Path, tmp_path: Path)
 
 def test_cli_options_and_errors(setup: Path, tmp_path: Path) -> None:
     args = parse_args(["--model-name", "m", "--dataset", "d.jsonl", "--kl-coef", "0", "--temperature", "0.9"])
-    assert (args.kl_coef, args.temperature, args.num_generations, args.output_dir) == (
+    assert (args.kl_coeff, args.temperature, args.group_size, args.output_dir) == (
         0.0,
         0.9,
         4,

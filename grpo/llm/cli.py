@@ -10,11 +10,11 @@ Every option is a dataclass field, declared once, with its help text in the fiel
 command's own options below (`ModelOptions`, `DataOptions`, `GenerationOptions`,
 `RewardOptions`, `RunOptions`, `OutputOptions`, `EvaluationOptions`, `EnvironmentOptions`) and
 the fields of `grpo.training.evaluation.EvalOptions` as ``--eval-*`` (``--eval-group-size``, ``--eval-ks``,
-...). Seed 003's flags are spellings of the same options (`SEED_FLAGS`: ``--num-generations`` =
-``--group-size``, ``--kl-coef`` = ``--kl-coeff``, ...), and ``--recipe NAME`` = ``--recipe-name``.
-``--config FILE`` reads any of them from YAML or JSON (keys with ``-`` or ``_``; seed 001's
-``adv_norm`` and ``use_kl_advantage_shaping`` too, `grpo.config.translate_seed_keywords`); a key
-that is no option is refused with the name it probably meant. Precedence: `GRPOConfig` defaults
+...). The accepted spellings of `grpo.config.SPELLINGS` (the one alias table) are flags too:
+seed 003's ``--num-generations`` = ``--group-size``, ``--kl-coef`` = ``--kl-coeff``, ``--recipe NAME``
+= ``--recipe-name``, and with mapped values seed 001's ``--adv-norm mean_only`` = ``--advantage-scale
+none``. ``--config FILE`` reads any of them from YAML or JSON (keys with ``-`` or ``_``); a flag or
+key that is no option is refused with the name it probably meant. Precedence: `GRPOConfig` defaults
 < this command's defaults (`CONFIG_DEFAULTS`) < the recipe < the config file < the command line.
 
 Multi-turn episodes: ``--env module:factory`` (or ``path.py:factory``; ``factory(num_envs) ->
@@ -55,7 +55,6 @@ from __future__ import annotations
 from grpo.llm.cli_options import (
     CONFIG_DEFAULTS,
     EVAL_PREFIX,
-    SEED_FLAGS,
     CLIArgs,
     DataOptions,
     EnvironmentOptions,
@@ -77,7 +76,6 @@ from grpo.llm.cli_run import load_starts, main, train
 __all__ = [
     "CONFIG_DEFAULTS",
     "EVAL_PREFIX",
-    "SEED_FLAGS",
     "CLIArgs",
     "DataOptions",
     "EnvironmentOptions",

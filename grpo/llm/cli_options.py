@@ -15,13 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from grpo.algorithms.recipes import RECIPES, recipe_values
-from grpo.config import (
-    GRPOConfig,
-    optimizer_steps_per_step,
-    resolve_mini_batch_size,
-    suggest_fields,
-    translate_seed_keywords,
-)
+from grpo.config import SPELLINGS, GRPOConfig, optimizer_steps_per_step
 from grpo.llm.cli_rewards import extractor_from_spec
 from grpo.llm.rewards import Convention
 from grpo.runtime.dataclass_args import DataclassArgumentParser, ParsedValues
@@ -32,7 +26,6 @@ __all__ = [
     "CONFIG_FIELDS",
     "EVAL_PREFIX",
     "OPTION_GROUPS",
-    "SEED_FLAGS",
     "CLIArgs",
     "DataOptions",
     "EnvironmentOptions",
@@ -250,19 +243,6 @@ class OutputOptions:
     )
 
 
-#: Seed 003's (and other) flags that are spellings of a GRPOConfig option, declared here only.
-SEED_FLAGS: dict[str, tuple[str, ...]] = {
-    "group_size": ("--num-generations",),
-    "kl_coeff": ("--kl-coef",),
-    "clip_epsilon": ("--clip-range",),
-    "clip_epsilon_high": ("--clip-range-high",),
-    "num_epochs_per_update": ("--num-iterations",),
-    "checkpoint_freq": ("--save-steps",),
-    "recipe_name": ("--recipe",),
-    "async_staleness": ("--async",),
-    "generation_engine": ("--engine",),
-}
-
 #: This command's defaults of GRPOConfig fields (an LLM run's, where GRPOConfig's suit small
 #: policies); a recipe's values replace them, explicit options win over both.
 CONFIG_DEFAULTS: dict[str, Any] = {
@@ -285,20 +265,13 @@ OPTION_GROUPS: tuple[tuple[str, type], ...] = (
     ("environment (multi-turn episodes)", EnvironmentOptions),
 )
 _CONFIG_TITLE = "GRPOConfig (the trainer; see grpo.config.GRPOConfig and docs/algorithms.md)"
-_ALIAS_ATTRIBUTES = {flag[2:].replace("-", "_"): name for name, flags in SEED_FLAGS.items() for flag in flags}
 CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(GRPOConfig))
 
 
 class CLIArgs(argparse.Namespace):
     """The resolved options: every field of the option dataclasses and of `GRPOConfig` (the
-    recipe applied), and ``config`` (the ``--config`` path). Seed 003's names read the same
-    values (``args.kl_coef`` is ``args.kl_coeff``, see `SEED_FLAGS`)."""
-
-    def __getattr__(self, name: str) -> Any:
-        target = _ALIAS_ATTRIBUTES.get(name)
-        if target is None:
-            raise AttributeError(f"grpo-train has no option {name!r}")
-        return getattr(self, target)
+    recipe applied, under the field's name: ``args.kl_coeff``, whichever spelling was given),
+    and ``config`` (the ``--config`` path)."""
 
 
 def build_parser() -> DataclassArgumentParser:
@@ -308,8 +281,7 @@ def build_parser() -> DataclassArgumentParser:
         usage="grpo-train [--config FILE] [--recipe NAME] [--resume [DIR]] [OPTIONS]",
         description="GRPO fine-tuning of a Hugging Face causal LM on a prompt dataset. Bool options: "
         "--flag, --flag true|false or --no-flag; options that may be unset take 'none'.",
-        hint=suggest_fields,
-        translate=translate_seed_keywords,  # seed 001's adv_norm, use_kl_advantage_shaping in files
+        spellings=SPELLINGS,  # seed 003's --kl-coef, seed 001's adv_norm, ...: grpo.config
         allow_abbrev=False,  # an option is its whole name: no prefix of another knob
     )
     groups = {title: p.add_argument_group(title) for title, _ in OPTION_GROUPS}
@@ -318,7 +290,6 @@ def build_parser() -> DataclassArgumentParser:
     p.add_dataclass(
         GRPOConfig,
         group=config_group,
-        aliases=SEED_FLAGS,
         defaults={k: v for k, v in CONFIG_DEFAULTS.items() if k in CONFIG_FIELDS},
         choices={"recipe_name": [*sorted(RECIPES), None]},
     )
@@ -513,8 +484,7 @@ def build_config(args: argparse.Namespace, num_steps: int | None = None) -> GRPO
     (and `GRPOConfig` asks for it)."""
     values = {k: getattr(args, k) for k in CONFIG_FIELDS}
     if values["total_steps"] is None and values["lr_schedule"] != "constant" and num_steps is not None:
-        batch = values["batch_size"]
-        mini = resolve_mini_batch_size(batch, values["mini_batch_size"], values["num_mini_batches"])
+        batch, mini = values["batch_size"], values["mini_batch_size"]
         values["total_steps"] = num_steps * optimizer_steps_per_step(
             batch, mini, values["num_epochs_per_update"]
         )
