@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -37,6 +37,9 @@ from grpo.rollout.checks import (
 )
 from grpo.rollout.log_probs import LogProbs, normalise_log_probs
 from grpo.rollout.reward_guard import call_reward
+
+if TYPE_CHECKING:
+    from grpo.config import GRPOConfig
 
 __all__ = [
     "ExperienceBatch",
@@ -108,6 +111,8 @@ class ExperienceCollector:
             False for actions that did not end (`truncated_actions`), so they contribute no
             gradient; their rewards still enter the advantages. This is the one place the choice
             is made; the update zeroes those loss-mask rows (`grpo.update.loop`).
+        config: the trainer's `GRPOConfig`: when given, ``group_size`` is read from it at each
+            collection (a run-time change is one assignment to the config).
     """
 
     def __init__(
@@ -124,10 +129,12 @@ class ExperienceCollector:
         reward_timeout: float | None = None,
         mask_truncated: bool = False,
         engine: GenerationEngine | None = None,
+        config: GRPOConfig | None = None,
     ) -> None:
         self.policy = policy
         self.reward_model = reward_model
-        self.group_size = group_size
+        self._group_size = group_size
+        self.config = config  # the trainer's live config: G is read from it (one assignment changes it)
         self.device = device
         self.reference_policy = reference_policy
         self.record_old_log_probs = record_old_log_probs
@@ -137,6 +144,11 @@ class ExperienceCollector:
         self.mask_truncated = mask_truncated
         self._ids_cache: tuple[tuple[int, int, torch.device], Tensor] | None = None
         self.engine: GenerationEngine = InProcessEngine(policy) if engine is None else engine
+
+    @property
+    def group_size(self) -> int:
+        """G: ``config.group_size`` when built with the trainer's config, else the argument."""
+        return self._group_size if self.config is None else self.config.group_size
 
     def _flatten_actions(self, actions: Any, num_states: int) -> tuple[Any, Tensor, int | None]:
         g = self.group_size

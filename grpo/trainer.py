@@ -20,6 +20,7 @@ has no math of its own (the loss is `grpo.grpo_objective`). docs/architecture.md
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -120,7 +121,7 @@ class GRPOTrainer(TrainerStateMixin):
         engine: GenerationEngine | None = None,
     ) -> None:
         reward = checked_inputs(config, policy, reward_model, reference_policy)
-        self.config = config
+        self.config = config = dataclasses.replace(config)  # its own copy, which the parts read live
         self.device, self.distributed = join_processes(config)  # distributed: None on one process
         self.generator = torch.Generator().manual_seed(0 if config.seed is None else config.seed)
         self.policy: PolicyModel = _moved(policy, self.device)
@@ -154,8 +155,8 @@ class GRPOTrainer(TrainerStateMixin):
             reference_policy=self.reference_policy, invalid_rewards=config.invalid_rewards,
             record_sampler_log_probs=config.effective_sampler_is_cap is not None,
             reward_timeout=config.reward_timeout, mask_truncated=config.mask_truncated_completions,
-            engine=make_engine(config, self.policy, engine),  # record_old_log_probs: True (the default)
-        )  # fmt: skip
+            engine=make_engine(config, self.policy, engine), config=config,  # G read from config
+        )  # fmt: skip  record_old_log_probs: True (the default)
         self.objective = GRPOObjective.from_config(config, loss_fn=loss_fn, kl_fn=kl_fn)
         self.guard: UpdateGuard = UpdateGuard(config.non_finite)
         self._update = self._update_parts()
