@@ -39,6 +39,7 @@ from grpo.advantage_estimator import (
     with_statistics,
 )
 from grpo.algorithms.kl import KLFn
+from grpo.algorithms.loss_plugins import loss_plugin
 from grpo.algorithms.policy_losses import PolicyLossFn
 from grpo.config import GRPOConfig
 from grpo.engine.backends import Backend
@@ -155,8 +156,8 @@ class GRPOTrainer(TrainerStateMixin):
             reference_policy=self.reference_policy, invalid_rewards=config.invalid_rewards,
             record_sampler_log_probs=config.effective_sampler_is_cap is not None,
             reward_timeout=config.reward_timeout, mask_truncated=config.mask_truncated_completions,
-            engine=make_engine(config, self.policy, engine), config=config,  # G read from config
-        )  # fmt: skip  record_old_log_probs: True (the default)
+            engine=make_engine(config, self.policy, engine), config=config,  # record_old_log_probs: True
+        )  # fmt: skip
         self.objective = GRPOObjective.from_config(config, loss_fn=loss_fn, kl_fn=kl_fn)
         self.guard: UpdateGuard = UpdateGuard(config.non_finite)
         self._update = self._update_parts()
@@ -210,9 +211,10 @@ class GRPOTrainer(TrainerStateMixin):
         return True if self.config.entropy_coeff != 0 else "no_grad"
 
     def _fused_loss(self) -> FusedLoss | None:
-        """``GRPOConfig.use_liger_loss``: Liger's fused GRPO loss (`grpo.llm.liger.LigerGRPOLoss`)
-        on the policy's ``lm_head_inputs``, or None. The config's settings were checked by
-        `GRPOConfig`; here the policy, user loss functions and the package (ImportError)."""
+        """``GRPOConfig.use_liger_loss``: Liger's fused GRPO loss (the loss plugin ``"liger"``,
+        `grpo.llm.liger.LigerGRPOLoss`) on the policy's ``lm_head_inputs``, or None. Here the
+        policy and user loss functions; building it checks the config's settings (ValueError) and
+        the package (ImportError)."""
         if not self.config.use_liger_loss:
             return None
         if self.objective.loss_fn is not None or self.objective.kl_fn is not None:
@@ -227,9 +229,14 @@ class GRPOTrainer(TrainerStateMixin):
                 f"grpo.llm.policy.LMHeadInputs (grpo.llm.CausalLMPolicy has it). Set "
                 f"use_liger_loss=False for this policy."
             )
-        from grpo.llm.liger import LigerGRPOLoss, compile_liger_loss  # ImportError names liger-kernel
-
-        return LigerGRPOLoss(self.config, compiled=compile_liger_loss(self.device))
+        plugin = loss_plugin("liger")  # registered by grpo.llm.liger (import grpo.llm)
+        if plugin is None:
+            raise ImportError(
+                "GRPOConfig(use_liger_loss=True): Liger's loss is registered by grpo.llm, which is not "
+                "imported; import grpo.llm (pip install liger-kernel too) or set use_liger_loss=False."
+            )
+        fused: FusedLoss = plugin.build(self.config, self.device)  # ImportError names liger-kernel
+        return fused
 
     def _start_engine(self) -> None:
         """The sampler's log-probs must come from somewhere: an engine with its own weights
