@@ -216,7 +216,7 @@ class AdvantageEstimator:
     def from_config(cls, config: GRPOConfig, advantage_fn: AdvantageFn | None = None) -> AdvantageEstimator:
         return cls(
             baseline=config.advantage_baseline,
-            scale=config.resolved_advantage_scale,
+            scale=config.advantage_scale,
             eps=config.advantage_eps,
             reward_clip=config.reward_clip,
             advantage_clip=config.advantage_clip,

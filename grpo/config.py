@@ -7,11 +7,10 @@ Names follow seed 002 (``group_size``, ``batch_size``, ``num_epochs_per_update``
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from grpo.algorithms.advantages import (
     ADVANTAGE_BASELINES,
@@ -28,15 +27,16 @@ from grpo.algorithms.policy_losses import POLICY_LOSSES, PolicyLossName
 from grpo.algorithms.sampler_correction import SAMPLER_CORRECTIONS, SamplerCorrection
 from grpo.engine.distributed import DISTRIBUTED_MODES, DistributedMode
 from grpo.engine.lr_schedules import LR_SCHEDULES, LRScheduleName
+from grpo.runtime.spellings import SpelledFields, Spelling, read_spellings, unknown_names_message
 from grpo.runtime.threads import SMALL_POLICY_ELEMENTS, NumThreads
 
 KLPenalty = Literal["loss", "reward", "advantage"]
 KL_PENALTIES: tuple[str, ...] = ("loss", "reward", "advantage")
 
 __all__ = [
-    "SEED_KEYWORDS",
+    "SPELLINGS",
     "GRPOConfig",
-    "translate_seed_keywords",
+    "optimizer_steps_per_step",
 ]
 
 NonFinitePolicy = Literal["skip", "raise"]
@@ -76,115 +76,86 @@ def _example(name: str) -> str:
     return f" Valid: e.g. {name}={default!r} (the default)."
 
 
-# Names other GRPO/PPO libraries (TRL, OpenRLHF, verl, stable-baselines3...) use for a field, and
-# common short forms: an unknown keyword found here is answered with the GRPOConfig name.
-_ALIASES: dict[str, str] = {
-    "lr": "learning_rate",
-    "learning_rate_init": "learning_rate",
-    "wd": "weight_decay",
-    "beta": "kl_coeff",
-    "kl_coef": "kl_coeff",
-    "kl_beta": "kl_coeff",
-    "init_kl_coef": "kl_coeff",
-    "ent_coef": "entropy_coeff",
-    "entropy_coef": "entropy_coeff",
-    "num_generations": "group_size",
-    "n_samples_per_prompt": "group_size",
-    "rollout_n": "group_size",
-    "epsilon": "clip_epsilon",
-    "eps_clip": "clip_epsilon",
-    "clip_range": "clip_epsilon",
-    "cliprange": "clip_epsilon",
-    "epsilon_high": "clip_epsilon_high",
-    "clip_ratio_high": "clip_epsilon_high",
-    "num_iterations": "num_epochs_per_update",
-    "ppo_epochs": "num_epochs_per_update",
-    "n_epochs": "num_epochs_per_update",
-    "num_epochs": "num_epochs_per_update",
-    "epochs": "num_epochs_per_update",
-    "grad_clip": "max_grad_norm",
-    "max_norm": "max_grad_norm",
-    "clip_grad_norm": "max_grad_norm",
-    "lr_scheduler_type": "lr_schedule",
-    "lr_scheduler": "lr_schedule",
-    "desired_kl": "adaptive_lr_kl",  # rsl_rl's adaptive schedule
-    "scheduler": "lr_schedule",
-    "warmup": "warmup_steps",
-    "num_warmup_steps": "warmup_steps",
-    "loss_type": "loss_aggregation",
-    "scale_rewards": "normalize_advantages",
+def _mini_batch_for_count(num_mini_batches: Any, others: Mapping[str, Any]) -> int | None:
+    """``num_mini_batches`` (optimizer steps per epoch) as ``mini_batch_size``: the largest divisor
+    of ``batch_size`` that is at most ``batch_size // num_mini_batches`` (None: None)."""
+    if num_mini_batches is None:
+        return None
+    if isinstance(num_mini_batches, bool) or not isinstance(num_mini_batches, int) or num_mini_batches < 1:
+        raise ValueError(f"num_mini_batches={num_mini_batches!r} is not allowed: expected an integer >= 1.")
+    batch_size = others["batch_size"]
+    most = max(1, batch_size // num_mini_batches)
+    return max(d for d in range(1, most + 1) if batch_size % d == 0)
+
+
+def _hint(field_name: str, origin: str) -> Spelling:
+    """Another library's name, offered by "did you mean" only (its values or meaning differ)."""
+    return Spelling(field_name, origin, accepted=False)
+
+
+#: The one alias table of `GRPOConfig`: every other name of a field, read by
+#: `GRPOConfig.from_dict`, `GRPOConfig.recipe`, config files and ``grpo-train``'s flags when
+#: accepted, offered by "did you mean" (`grpo.runtime.spellings.did_you_mean`) always.
+SPELLINGS: dict[str, Spelling] = {
+    # seed 003's grpo-train flags and TRL's names: the same knob, the same values
+    "num_generations": Spelling("group_size", "seed 003"),
+    "kl_coef": Spelling("kl_coeff", "seed 003"),
+    "clip_range": Spelling("clip_epsilon", "seed 003"),
+    "save_steps": Spelling("checkpoint_freq", "seed 003"),
+    "clip_range_high": Spelling("clip_epsilon_high", "grpo-train"),
+    "num_iterations": Spelling("num_epochs_per_update", "TRL"),
+    "recipe": Spelling("recipe_name", "grpo-train"),
+    "async": Spelling("async_staleness", "grpo-train"),
+    "engine": Spelling("generation_engine", "grpo-train"),
+    # seed 001's (AgileRL's) names: values mapped
+    "adv_norm": Spelling(
+        "advantage_scale",
+        "seed 001",
+        {"mean_std": "group", "mean_only": "none"},
+        Literal["mean_std", "mean_only"],
+    ),
+    "use_kl_advantage_shaping": Spelling("kl_penalty", "seed 001", {True: "advantage", False: None}, bool),
+    # grpo's own earlier fields, folded into the one field of their concept
+    "normalize_advantages": Spelling(
+        "advantage_scale", "grpo 0.2", {True: "group", False: "none"}, bool, field_wins=True
+    ),
+    "num_mini_batches": Spelling("mini_batch_size", "grpo 0.2 / PPO", _mini_batch_for_count, int | None),
+    # other libraries' names (TRL, OpenRLHF, verl, stable-baselines3, rsl_rl), common short forms
+    **{n: _hint("learning_rate", "common") for n in ("lr", "learning_rate_init")},
+    "wd": _hint("weight_decay", "common"),
+    **{n: _hint("kl_coeff", "TRL / OpenRLHF") for n in ("beta", "kl_beta", "init_kl_coef")},
+    **{n: _hint("entropy_coeff", "stable-baselines3") for n in ("ent_coef", "entropy_coef")},
+    **{n: _hint("group_size", "OpenRLHF / verl") for n in ("n_samples_per_prompt", "rollout_n")},
+    **{n: _hint("clip_epsilon", "TRL / OpenRLHF") for n in ("epsilon", "eps_clip", "cliprange")},
+    **{n: _hint("clip_epsilon_high", "TRL / verl") for n in ("epsilon_high", "clip_ratio_high")},
+    **{n: _hint("num_epochs_per_update", "PPO") for n in ("ppo_epochs", "n_epochs", "num_epochs", "epochs")},
+    **{n: _hint("max_grad_norm", "common") for n in ("grad_clip", "max_norm", "clip_grad_norm")},
+    **{n: _hint("lr_schedule", "transformers") for n in ("lr_scheduler_type", "lr_scheduler", "scheduler")},
+    "desired_kl": _hint("adaptive_lr_kl", "rsl_rl"),
+    **{n: _hint("warmup_steps", "transformers") for n in ("warmup", "num_warmup_steps")},
+    "loss_type": _hint("loss_aggregation", "TRL"),
+    "scale_rewards": _hint("advantage_scale", "TRL"),
 }
 
 
-# Seed 001's (AgileRL's) names of two knobs GRPOConfig holds under another name: accepted as
-# keywords of GRPOConfig(...) and GRPOConfig.recipe(...) and translated, so that each knob has one
-# field (one command-line flag). name -> {seed value: (field, value)}.
-SEED_KEYWORDS: dict[str, dict[Any, tuple[str, Any]]] = {
-    "adv_norm": {"mean_std": ("advantage_scale", "group"), "mean_only": ("advantage_scale", "none")},
-    "use_kl_advantage_shaping": {True: ("kl_penalty", "advantage"), False: ("kl_penalty", None)},
-}
-
-
-def translate_seed_keywords(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``kwargs`` with seed 001's names replaced by the fields they set:
-    ``adv_norm="mean_std"`` -> ``advantage_scale="group"`` (A = (r - mean) / (std + eps)),
-    ``adv_norm="mean_only"`` -> ``advantage_scale="none"`` (A = r - mean, centred only),
-    ``use_kl_advantage_shaping=True`` -> ``kl_penalty="advantage"`` (False changes nothing).
-    ValueError for another value, or when the field is given too with a different value."""
-    out = {k: v for k, v in kwargs.items() if k not in SEED_KEYWORDS}
-    for name in SEED_KEYWORDS.keys() & kwargs.keys():
-        value, choices = kwargs[name], SEED_KEYWORDS[name]
-        if isinstance(value, bool) != isinstance(next(iter(choices)), bool) or value not in choices:
-            raise ValueError(f"GRPOConfig: {name}={value!r} is not allowed: choose one of {list(choices)}.")
-        field_name, mapped = choices[value]
-        if mapped is None:
-            continue
-        if field_name in kwargs and kwargs[field_name] != mapped:
-            raise ValueError(
-                f"GRPOConfig: {name}={value!r} means {field_name}={mapped!r}, but "
-                f"{field_name}={kwargs[field_name]!r} was given too. Pass only {field_name}."
-            )
-        out[field_name] = mapped
-    return out
-
-
-def _meant(name: str, known: list[str]) -> list[str]:
-    """The fields a keyword that is no field probably meant: its alias, else close spellings."""
-    return [_ALIASES[name]] if name in _ALIASES else difflib.get_close_matches(name, known, n=2)
-
-
-def suggest_fields(name: str) -> list[str]:
-    """The `GRPOConfig` fields a name that is no field probably meant: the field another library
-    calls ``name`` (``beta`` -> ``kl_coeff``), else close spellings (for command-line errors)."""
-    return _meant(name, [f.name for f in dataclasses.fields(GRPOConfig)])
-
-
-def _suggestions(unknown: dict[str, Any], known: list[str]) -> str:
-    """`` Did you mean learning_rate=0.001?`` for the keywords ``name -> value`` with a likely field."""
-    hints = [
-        " or ".join(f"{m}={value!r}" for m in _meant(name, known))
-        for name, value in unknown.items()
-        if _meant(name, known)
-    ]
-    return f" Did you mean {', '.join(hints)}?" if hints else ""
-
-
-def _unknown_fields_message(where: str, unknown: dict[str, Any], known: list[str]) -> str:
-    """What ``where`` says about keywords ``name -> value`` that are no field: the field meant (an
-    alias of another library, or a close spelling), and the list of fields when one has none."""
-    parts = []
-    for name, value in unknown.items():
-        meant = _meant(name, known)
-        hint = f" (did you mean {' or '.join(f'{m}={value!r}' for m in meant)}?)" if meant else ""
-        parts.append(f"{name}={value!r}{hint}")
-    listed = not all(_meant(name, known) for name in unknown)
-    listing = f" Valid fields: {', '.join(sorted(known))}." if listed else ""
-    return f"{where} got unknown field{'s' if len(parts) > 1 else ''} {', '.join(parts)}.{listing}"
+def optimizer_steps_per_step(batch_size: int, mini_batch_size: int | None, num_epochs_per_update: int) -> int:
+    """Optimizer steps of one trainer step: E * B / M (E epochs over the batch of B states, M states
+    per optimizer step; ``mini_batch_size`` None: M = B). The one place this number is computed."""
+    return num_epochs_per_update * (
+        batch_size // (batch_size if mini_batch_size is None else mini_batch_size)
+    )
 
 
 @dataclass
-class GRPOConfig:
-    """Configuration of `GRPOTrainer`. Invalid values raise `ValueError` saying what is allowed."""
+class GRPOConfig(SpelledFields):
+    """Configuration of `GRPOTrainer`. Invalid values raise `ValueError` saying what is allowed.
+
+    ``GRPOConfig(...)`` takes the field names; a keyword that is no field is refused with the field
+    meant (`grpo.runtime.spellings.SpelledFields`). `GRPOConfig.from_dict` and `GRPOConfig.recipe`
+    also read the other spellings of `SPELLINGS` (seed 001's ``adv_norm``, seed 003's ``kl_coef``).
+    """
+
+    spellings: ClassVar[Mapping[str, Spelling]] = SPELLINGS
 
     group_size: int = field(
         default=8,
@@ -204,15 +175,9 @@ class GRPOConfig:
         default=None,
         metadata=_help(
             "States (groups) per optimizer step; None = the whole batch, one optimizer step per "
-            "epoch. Must divide batch_size. A group is never split."
-        ),
-    )
-    num_mini_batches: int | None = field(
-        default=None,
-        metadata=_help(
-            "Optimizer steps per epoch (PPO's number of mini-batches), the alternative to "
-            "mini_batch_size: mini_batch_size becomes the largest divisor of batch_size that is "
-            "<= batch_size / num_mini_batches. None = use mini_batch_size."
+            "epoch. Must divide batch_size. A group is never split. (num_mini_batches=k, PPO's "
+            "count of optimizer steps per epoch, is read as the largest divisor of batch_size "
+            "<= batch_size / k; see SPELLINGS.)"
         ),
     )
     micro_batch_size: int | None = field(
@@ -269,13 +234,6 @@ class GRPOConfig:
         metadata=_help(
             "Weight of the entropy bonus (exact when the policy provides entropy, else a Monte "
             "Carlo estimate). >= 0."
-        ),
-    )
-    normalize_advantages: bool = field(
-        default=True,
-        metadata=_help(
-            "Divide group-centred rewards by the group's std (GRPO). False: A = r - mean_group "
-            "(seed 002's formula, Dr. GRPO)."
         ),
     )
     advantage_eps: float = field(default=1e-6, metadata=_help("eps in A = (r - mean) / (std + eps) (> 0)."))
@@ -398,11 +356,13 @@ class GRPOConfig:
             "members (RLOO), 'batch' mean, 'running' mean over all steps so far, or 'none' (0)."
         ),
     )
-    advantage_scale: AdvantageScale | None = field(
-        default=None,
+    advantage_scale: AdvantageScale = field(
+        default="group",
         metadata=_help(
             "d in A = (r - b) / d: 'group' std + eps (GRPO), 'batch' std + eps, 'running' std + "
-            "eps, or 'none' (1; Dr. GRPO). None = 'group' if normalize_advantages else 'none'."
+            "eps, or 'none' (1: A = r - mean_group, seed 002's formula, Dr. GRPO). "
+            "(normalize_advantages=True/False and seed 001's adv_norm='mean_std'/'mean_only' read "
+            "as 'group'/'none'; see SPELLINGS.)"
         ),
     )
     reward_clip: float | None = field(
@@ -662,16 +622,20 @@ class GRPOConfig:
         from grpo.algorithms.recipes import recipe_values
 
         values = recipe_values(name)
-        overrides = translate_seed_keywords(overrides)
-        known = [f.name for f in dataclasses.fields(cls)]
-        unknown = {k: v for k, v in overrides.items() if k not in known}
+        context = {**_DEFAULTS, **values, **overrides}  # num_mini_batches reads the final batch_size
+        try:
+            overrides = read_spellings(overrides, SPELLINGS, context)
+            if "mini_batch_size" in overrides:  # the caller's mini-batch size replaces the recipe's count
+                values.pop("num_mini_batches", None)
+            values = read_spellings(values, SPELLINGS, context)
+        except ValueError as e:
+            raise ValueError(f"GRPOConfig.recipe({name!r}): {e}") from None
+        unknown = {k: v for k, v in overrides.items() if k not in _DEFAULTS}
         if unknown:
+            message = unknown_names_message(unknown, list(_DEFAULTS), SPELLINGS)
             raise TypeError(
-                f"GRPOConfig.recipe({name!r}) got unknown fields {sorted(unknown)}; valid: "
-                f"{sorted(known)}.{_suggestions(unknown, known)}"
+                f"GRPOConfig.recipe({name!r}) got unknown field{'s' * (len(unknown) > 1)} {message}"
             )
-        if "mini_batch_size" in overrides:  # the caller's mini-batch size replaces the recipe's count
-            values.pop("num_mini_batches", None)
         if (  # a recipe whose adaptive rate only falls from its start: so does the caller's start
             "learning_rate" in overrides
             and "adaptive_lr_max" not in overrides
@@ -742,13 +706,6 @@ class GRPOConfig:
         self._check_int("group_size", 2)
         self._check_int("batch_size", 1)
         self._check_int("mini_batch_size", 1, optional=True)
-        self._check_int("num_mini_batches", 1, optional=True)
-        if self.mini_batch_size is not None and self.num_mini_batches is not None:
-            raise self._bad(
-                "num_mini_batches",
-                "set either mini_batch_size or num_mini_batches, not both",
-                f" mini_batch_size={self.mini_batch_size} is set; pass num_mini_batches=None.",
-            )
         self._check_int("micro_batch_size", 1, optional=True)
         self._check_int("num_epochs_per_update", 1)
         self._check_int("reference_update_freq", 1, optional=True)
@@ -787,7 +744,6 @@ class GRPOConfig:
             self._check_float("max_grad_norm", 0.0, False)
         self._check_choice("kl_estimator", KL_ESTIMATORS)
         self._check_choice("loss_aggregation", AGGREGATIONS)
-        self._check_bool("normalize_advantages")
         if not isinstance(self.device, str) or not (
             self.device in ("cpu", "cuda", "auto", "mps") or self.device.startswith("cuda:")
         ):
@@ -843,7 +799,7 @@ class GRPOConfig:
                     "reward_shift_z",
                     f"it tells a settled policy by kl/old, which is exactly 0 with one optimizer step "
                     f"per update (optimizer_steps_per_step={self.optimizer_steps_per_step})",
-                    " Use num_epochs_per_update > 1 or num_mini_batches > 1, or reward_shift_z=None.",
+                    " Use num_epochs_per_update > 1 or mini_batch_size < batch_size, or reward_shift_z=None.",
                 )
 
     def _check_reliability(self) -> None:
@@ -902,7 +858,7 @@ class GRPOConfig:
                 "optimizer step, and this config makes one optimizer step per update "
                 f"(num_epochs_per_update={self.num_epochs_per_update}, "
                 f"mini_batch_size={self.resolved_mini_batch_size} of batch_size={self.batch_size})",
-                " Use num_epochs_per_update >= 2 or num_mini_batches >= 2, or adaptive_lr_kl=None.",
+                " Use num_epochs_per_update >= 2 or mini_batch_size < batch_size, or adaptive_lr_kl=None.",
             )
 
     def _check_liger(self) -> None:
@@ -922,8 +878,7 @@ class GRPOConfig:
     def _check_variants(self) -> None:
         """Validation of the `# --- algorithm variants ---` fields."""
         self._check_choice("advantage_baseline", ADVANTAGE_BASELINES)
-        if self.advantage_scale is not None and self.advantage_scale not in ADVANTAGE_SCALES:
-            raise self._bad("advantage_scale", f"choose one of {ADVANTAGE_SCALES} or None")
+        self._check_choice("advantage_scale", ADVANTAGE_SCALES)
         self._check_choice("reward_combination", REWARD_COMBINATIONS)
         self._check_choice("policy_loss", POLICY_LOSSES)
         self._check_choice("kl_penalty", KL_PENALTIES)
@@ -974,13 +929,6 @@ class GRPOConfig:
                 "dual_clip", f"dual clip applies to the 'clip' and 'gspo' losses, not {self.policy_loss!r}"
             )
 
-    @property
-    def resolved_advantage_scale(self) -> AdvantageScale:
-        """advantage_scale, or the one normalize_advantages implies when it is None."""
-        if self.advantage_scale is not None:
-            return self.advantage_scale
-        return "group" if self.normalize_advantages else "none"
-
     # ---- derived quantities -------------------------------------------------------------
     @property
     def effective_sampler_is_cap(self) -> float | None:
@@ -992,13 +940,8 @@ class GRPOConfig:
 
     @property
     def resolved_mini_batch_size(self) -> int:
-        """States per optimizer step (from mini_batch_size, or num_mini_batches, or batch_size)."""
-        if self.mini_batch_size is not None:
-            return self.mini_batch_size
-        if self.num_mini_batches is None:
-            return self.batch_size
-        most = max(1, self.batch_size // self.num_mini_batches)
-        return max(d for d in range(1, most + 1) if self.batch_size % d == 0)
+        """States per optimizer step: mini_batch_size, or batch_size when it is None."""
+        return self.batch_size if self.mini_batch_size is None else self.mini_batch_size
 
     @property
     def resolved_micro_batch_size(self) -> int:
@@ -1017,7 +960,7 @@ class GRPOConfig:
     @property
     def optimizer_steps_per_step(self) -> int:
         """num_epochs_per_update * batch_size / mini_batch_size."""
-        return self.num_epochs_per_update * (self.batch_size // self.resolved_mini_batch_size)
+        return optimizer_steps_per_step(self.batch_size, self.mini_batch_size, self.num_epochs_per_update)
 
     def derived(self) -> dict[str, Any]:
         return {
@@ -1026,7 +969,6 @@ class GRPOConfig:
             "clip_range": (1.0 - self.clip_epsilon, 1.0 + self.resolved_clip_epsilon_high),
             "micro_batches_per_optimizer_step": self.resolved_mini_batch_size
             // self.resolved_micro_batch_size,
-            "resolved_advantage_scale": self.resolved_advantage_scale,
             **({"recipe_source": _recipe_citation(self.recipe_name)} if self.recipe_name else {}),
         }
 
@@ -1048,25 +990,3 @@ class GRPOConfig:
 
 
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
-_FIELD_NAMES: list[str] = list(_DEFAULTS)
-_dataclass_init = GRPOConfig.__init__
-
-
-@functools.wraps(_dataclass_init)
-def _init_naming_unknown_fields(self: GRPOConfig, *args: Any, **kwargs: Any) -> None:
-    """The dataclass ``__init__``; a keyword that is no field gets the field meant (``lr`` ->
-    ``learning_rate``) instead of Python's bare "unexpected keyword argument". ``functools.wraps``
-    keeps ``inspect.signature(GRPOConfig)`` the dataclass's; type checkers see the dataclass too.
-    Seed 001's names (``adv_norm``, ``use_kl_advantage_shaping``) are translated first
-    (`translate_seed_keywords`)."""
-    kwargs = translate_seed_keywords(kwargs)
-    try:
-        _dataclass_init(self, *args, **kwargs)
-    except TypeError:
-        unknown = {k: v for k, v in kwargs.items() if k not in _DEFAULTS}
-        if unknown:
-            raise TypeError(_unknown_fields_message("GRPOConfig", unknown, _FIELD_NAMES)) from None
-        raise
-
-
-GRPOConfig.__init__ = _init_naming_unknown_fields  # type: ignore[method-assign]

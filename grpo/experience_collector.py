@@ -107,6 +107,8 @@ class ExperienceCollector:
             rewards; ``draws`` counts the batches drawn beyond one per step.
         reward_clip: ``GRPOConfig.reward_clip``: rewards are clipped so before a group's rewards
             are compared (as the advantages compare them).
+        config: the trainer's `GRPOConfig`: when given, ``group_size`` is read from it at each
+            collection (a run-time change is one assignment to the config).
     """
 
     def __init__(
@@ -126,10 +128,12 @@ class ExperienceCollector:
         allow_empty: bool = False,
         max_draws: int = 1,
         reward_clip: float | None = None,
+        config: GRPOConfig | None = None,
     ) -> None:
         self.policy = policy
         self.reward_model = reward_model
-        self.group_size = group_size
+        self._group_size = group_size
+        self.config = config  # the trainer's live config: G is read from it (one assignment changes it)
         self.device = device
         self.reference_policy = reference_policy
         self.record_old_log_probs = record_old_log_probs
@@ -143,6 +147,11 @@ class ExperienceCollector:
         self.draws = DrawCounter()
         self._ids_cache: tuple[tuple[int, int, torch.device], Tensor] | None = None
         self.engine: GenerationEngine = InProcessEngine(policy) if engine is None else engine
+
+    @property
+    def group_size(self) -> int:
+        """G: ``config.group_size`` when built with the trainer's config, else the argument."""
+        return self._group_size if self.config is None else self.config.group_size
 
     @classmethod
     def from_config(
@@ -170,6 +179,7 @@ class ExperienceCollector:
             engine=engine,
             max_draws=config.max_sampling_draws,
             reward_clip=config.reward_clip,
+            config=config,  # group_size read from it at each collection
         )
 
     def collect(self, states: Any, **generate_kwargs: Any) -> ExperienceBatch:

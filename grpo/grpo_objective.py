@@ -219,6 +219,9 @@ class GRPOObjective:
         loss_normaliser: the constant C of "seq-mean-token-sum-norm".
         loss_fn: a `PolicyLossFn` replacing the built-in policy loss.
         kl_fn: a `KLFn` replacing the built-in KL estimator.
+        config: the `GRPOConfig` to read ``clip_epsilon``, ``clip_epsilon_high``, ``kl_coeff`` and
+            ``entropy_coeff`` from at each use (`from_config` passes it), instead of the
+            arguments: a run-time change of one is one assignment to the config.
         kl_in_advantage: KL-based advantage shaping (``GRPOConfig.kl_penalty="advantage"``): the
             per-step KL, detached and times ``kl_coeff``, is subtracted from the advantages
             before the policy loss; the loss then has no KL term.
@@ -245,6 +248,7 @@ class GRPOObjective:
         kl_fn: KLFn | None = None,
         kl_in_advantage: bool = False,
         clip_twin: bool = True,
+        config: GRPOConfig | None = None,
     ) -> None:
         if policy_loss not in POLICY_LOSSES:
             raise ValueError(f"policy_loss must be one of {POLICY_LOSSES}, got {policy_loss!r}.")
@@ -254,11 +258,12 @@ class GRPOObjective:
             raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {kl_estimator!r}.")
         if dual_clip_c is not None and not dual_clip_c > 1.0:
             raise ValueError(f"dual_clip_c must be > 1 (3 is typical), got {dual_clip_c!r}.")
-        self.eps_low = clip_epsilon
-        self.eps_high = clip_epsilon if clip_epsilon_high is None else clip_epsilon_high
-        self.kl_coeff = kl_coeff
+        self.config = config  # the live config (from_config): the coefficients are read from it
+        self._eps_low = clip_epsilon
+        self._eps_high = clip_epsilon if clip_epsilon_high is None else clip_epsilon_high
+        self._kl_coeff = kl_coeff
         self.kl_estimator: KLEstimator = kl_estimator
-        self.entropy_coeff = entropy_coeff
+        self._entropy_coeff = entropy_coeff
         self.aggregation: Aggregation = aggregation
         self.log_ratio_clamp = log_ratio_clamp
         self.policy_loss: PolicyLossName = policy_loss
@@ -297,7 +302,31 @@ class GRPOObjective:
             loss_fn=loss_fn,
             kl_fn=kl_fn,
             kl_in_advantage=config.kl_penalty == "advantage",
+            config=config,
         )
+
+    # The coefficients a run may change (grpo.population.settings): read from the live config at
+    # each use when built from one, so that a change is one assignment to the config.
+    @property
+    def eps_low(self) -> float:
+        """eps_low of the clip (``config.clip_epsilon``)."""
+        return self._eps_low if self.config is None else self.config.clip_epsilon
+
+    @property
+    def eps_high(self) -> float:
+        """eps_high of the clip (``config.clip_epsilon_high``, None = ``clip_epsilon``)."""
+        return self._eps_high if self.config is None else self.config.resolved_clip_epsilon_high
+
+    @property
+    def kl_coeff(self) -> float:
+        """beta (``config.kl_coeff``; 0 when the KL is folded into the reward)."""
+        c = self.config
+        return self._kl_coeff if c is None else (0.0 if c.kl_penalty == "reward" else c.kl_coeff)
+
+    @property
+    def entropy_coeff(self) -> float:
+        """The entropy bonus's weight (``config.entropy_coeff``)."""
+        return self._entropy_coeff if self.config is None else self.config.entropy_coeff
 
     @property
     def loss_kl_coeff(self) -> float:

@@ -20,6 +20,7 @@ has no math of its own (the loss is `grpo.grpo_objective`). docs/architecture.md
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -122,7 +123,7 @@ class GRPOTrainer(TrainerStateMixin):
         engine: GenerationEngine | None = None,
     ) -> None:
         reward = checked_inputs(config, policy, reward_model, reference_policy)
-        self.config = config
+        self.config = config = dataclasses.replace(config)  # its own copy, which the parts read live
         self.device, self.distributed = join_processes(config)  # distributed: None on one process
         self.generator = torch.Generator().manual_seed(0 if config.seed is None else config.seed)
         self.policy: PolicyModel = _moved(policy, self.device)

@@ -40,7 +40,7 @@ def deepspeed_cli_worker(rank: int, world: int, out: Path) -> None:
     """`cli_worker` with the variables ``accelerate launch`` exports for a DeepSpeed config
     (``out/accelerate_env.json``); records the ZeRO stage the trainer ran with and whether the
     policy's and the reference copy's weights ended up partitioned (ZeRO-3)."""
-    import grpo.llm.cli as cli
+    import grpo.llm.cli_run as cli
 
     os.environ.update(json.loads((out / "accelerate_env.json").read_text()))
     built: list[Any] = []

@@ -5,6 +5,7 @@ import pickle
 import pytest
 
 from grpo import GRPOConfig
+from grpo.config import SPELLINGS
 
 
 def test_group_size_one_explains_why() -> None:
@@ -69,7 +70,6 @@ def test_seed_names_exist() -> None:
         "clip_epsilon",
         "kl_coeff",
         "entropy_coeff",
-        "normalize_advantages",
         "max_grad_norm",
         "device",
         "reference_update_freq",
@@ -120,7 +120,17 @@ def test_non_finite_learning_rate_and_weight_decay_are_refused(
             r"^GRPOConfig got unknown field lerning_rate=0\.1 \(did you mean learning_rate=0\.1",
         ),
         ({"beta": 0.04}, r"unknown field beta=0\.04 \(did you mean kl_coeff=0\.04\?\)"),
-        ({"num_generations": 8}, r"unknown field num_generations=8 \(did you mean group_size=8\?\)"),
+        (
+            {"num_generations": 8},
+            r"^GRPOConfig got num_generations=8, seed 003's spelling of group_size: pass group_size=8\. "
+            r"\(GRPOConfig\.from_dict reads every spelling\.\)$",
+        ),
+        (
+            {"normalize_advantages": False},
+            r"normalize_advantages=False, grpo 0\.2's spelling of advantage_scale: "
+            r"pass advantage_scale='none'",
+        ),
+        ({"adv_norm": "mean"}, r"^GRPOConfig got adv_norm='mean' is not allowed: choose one of \['mean_std'"),
         (
             {"lr": 1e-3, "epochs": 2},
             r"unknown fields lr=0\.001 \(did you mean learning_rate=0\.001\?\), epochs=2 \(did you mean "
@@ -128,7 +138,7 @@ def test_non_finite_learning_rate_and_weight_decay_are_refused(
         ),
         (
             {"xyzzy": 1},
-            r"^GRPOConfig got unknown field xyzzy=1\. Valid fields: adaptive_lr_kl, .*whiten",
+            r"^GRPOConfig got unknown field xyzzy=1\. Valid: adaptive_lr_kl, .*whiten",
         ),
     ],
 )
@@ -146,5 +156,90 @@ def test_the_constructor_keeps_the_dataclass_signature_and_errors() -> None:
     assert pickle.loads(pickle.dumps(cfg)) == cfg
     with pytest.raises(TypeError, match=r"positional arguments but"):  # Python's own, unchanged
         GRPOConfig(*range(len(dataclasses.fields(GRPOConfig)) + 1))  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=r"unknown fields \['lr'\]; valid: .*Did you mean learning_rate=1"):
+    with pytest.raises(
+        TypeError,
+        match=r"^GRPOConfig.recipe\('dapo'\) got unknown field lr=1 \(did you mean learning_rate=1\?\)\.$",
+    ):
         GRPOConfig.recipe("dapo", lr=1)
+
+
+# ---- one alias table, one "did you mean" (grpo.config.SPELLINGS, grpo.runtime.spellings) ----------
+def test_the_constructor_is_the_dataclass_init_and_spellings_go_through_from_dict() -> None:
+    """No ``__init__`` is replaced: unknown keywords are named by `SpelledFields.__new__`, before
+    the dataclass's own ``__init__``; the accepted spellings are read by `GRPOConfig.from_dict`."""
+    assert not hasattr(GRPOConfig.__init__, "__wrapped__")
+    assert GRPOConfig.__init__.__qualname__ == "GRPOConfig.__init__"
+    assert "__init__" in GRPOConfig.__dict__  # the dataclass's, generated in the class body
+    cfg = GRPOConfig.from_dict(
+        {"num_generations": 3, "kl_coef": 0.1, "clip_range": 0.3, "save_steps": 7, "adv_norm": "mean_only"}
+    )
+    assert (cfg.group_size, cfg.kl_coeff, cfg.clip_epsilon, cfg.checkpoint_freq) == (3, 0.1, 0.3, 7)
+    assert cfg.advantage_scale == "none"
+    with pytest.raises(
+        TypeError, match=r"^GRPOConfig got unknown field lr=0\.1 \(did you mean learning_rate=0\.1\?\)"
+    ):
+        GRPOConfig.from_dict({"lr": 0.1})  # another library's name: offered, not read
+
+
+@pytest.mark.parametrize(
+    ("saved", "expect"),
+    [  # a config as grpo 0.2 saved it (to_dict) reads the same: A = r - mean, 2 optimizer steps of 4
+        (
+            {"normalize_advantages": False, "advantage_scale": None, "batch_size": 8, "num_mini_batches": 4,
+             "mini_batch_size": None},
+            ("none", 2, 4),
+        ),
+        ({"normalize_advantages": False, "advantage_scale": "batch", "batch_size": 6}, ("batch", None, 1)),
+        ({"normalize_advantages": True, "advantage_scale": None, "batch_size": 6, "num_mini_batches": 4},
+         ("group", 1, 6)),  # 6 // 4 = 1
+        ({"batch_size": 6, "num_mini_batches": 3, "num_epochs_per_update": 2}, ("group", 2, 6)),
+    ],
+)  # fmt: skip
+def test_overlapping_fields_read_as_the_one_field(
+    saved: dict[str, object], expect: tuple[object, ...]
+) -> None:
+    """normalize_advantages -> advantage_scale ('group' / 'none'; an advantage_scale given too
+    decides, as in grpo 0.2); num_mini_batches=k -> the largest mini_batch_size dividing
+    batch_size that is <= batch_size // k (grpo 0.2's rule, exactly)."""
+    cfg = GRPOConfig.from_dict(saved)
+    assert (cfg.advantage_scale, cfg.mini_batch_size, cfg.optimizer_steps_per_step) == expect
+
+
+def test_a_spelling_that_contradicts_its_field_is_refused() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"adv_norm='mean_std' means advantage_scale='group' \(seed 001's spelling\), but "
+        r"advantage_scale='none' was given too\. Pass only advantage_scale\.",
+    ):
+        GRPOConfig.from_dict({"adv_norm": "mean_std", "advantage_scale": "none"})
+    with pytest.raises(ValueError, match=r"num_mini_batches=0 is not allowed: expected an integer >= 1"):
+        GRPOConfig.from_dict({"num_mini_batches": 0})
+    with pytest.raises(
+        TypeError,
+        match=r"got num_mini_batches=2, grpo 0\.2 / PPO's spelling of mini_batch_size: "
+        r"pass mini_batch_size=4",
+    ):
+        GRPOConfig(num_mini_batches=2)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match=r"advantage_scale=None is not allowed: choose one of"):
+        GRPOConfig(advantage_scale=None)  # type: ignore[arg-type]
+
+
+def test_the_cli_reads_the_same_table() -> None:
+    """Every accepted spelling of SPELLINGS is a grpo-train flag (the field's own option when the
+    values are the same), and an unknown flag gets the suggestion GRPOConfig gives."""
+    from grpo.llm.cli_options import build_parser
+    from grpo.runtime.spellings import did_you_mean
+
+    parser = build_parser()
+    for name, spelling in SPELLINGS.items():
+        flag = "--" + name.replace("_", "-")
+        if not spelling.accepted:  # offered only (--num-epochs is grpo-train's own dataset passes)
+            action = parser._option_string_actions.get(flag)
+            assert action is None or action.dest != spelling.field, name
+            continue
+        action = parser._option_string_actions[flag]
+        assert action.dest == (spelling.field if spelling.values is None else name), name
+    fields = [f.name for f in dataclasses.fields(GRPOConfig)]
+    assert did_you_mean("beta", fields, SPELLINGS) == ["kl_coeff"]
+    with pytest.raises(SystemExit, match=r"--beta: did you mean --kl-coeff\?"):
+        parser.parse(["--beta", "0.1"])

@@ -77,7 +77,7 @@ def _sgd_update(mask_truncated: bool) -> Tensor:
     """-(the trainer's gradient) of one step with SGD(lr=1), no clipping, A = r - group mean."""
     policy = SeqPolicy(ACTIONS)
     cfg = GRPOConfig(
-        group_size=4, batch_size=2, kl_coeff=0.0, adv_norm="mean_only", max_grad_norm=None,
+        group_size=4, batch_size=2, kl_coeff=0.0, advantage_scale="none", max_grad_norm=None,
         mask_truncated_completions=mask_truncated,
     )  # fmt: skip
     trainer = GRPOTrainer(cfg, policy, _reward, optimizer=torch.optim.SGD([policy.logits], lr=1.0))
@@ -190,33 +190,41 @@ def test_objective_with_kl_shaping_against_a_loop(loss: str) -> None:
 
 
 def test_kl_shaping_from_config_and_the_seed_names() -> None:
-    cfg = GRPOConfig(kl_coeff=0.05, use_kl_advantage_shaping=True)  # type: ignore[call-arg]
+    cfg = GRPOConfig.from_dict({"kl_coeff": 0.05, "use_kl_advantage_shaping": True})
     assert cfg.kl_penalty == "advantage"
     obj = GRPOObjective.from_config(cfg)
     assert obj.kl_in_advantage
     assert obj.loss_kl_coeff == 0.0
     assert obj.kl_coeff == 0.05
-    assert GRPOConfig(use_kl_advantage_shaping=False).kl_penalty == "loss"  # type: ignore[call-arg]
+    assert GRPOConfig.from_dict({"use_kl_advantage_shaping": False}).kl_penalty == "loss"
     with pytest.raises(ValueError, match=r"kl_penalty='advantage' is not allowed.*kl_coeff > 0"):
         GRPOConfig(kl_coeff=0.0, kl_penalty="advantage")
     with pytest.raises(ValueError, match=r"use_kl_advantage_shaping=True means kl_penalty='advantage'"):
-        GRPOConfig(use_kl_advantage_shaping=True, kl_penalty="reward")  # type: ignore[call-arg]
+        GRPOConfig.from_dict({"use_kl_advantage_shaping": True, "kl_penalty": "reward"})
+    with pytest.raises(TypeError, match=r"seed 001's spelling of kl_penalty: pass kl_penalty='advantage'"):
+        GRPOConfig(use_kl_advantage_shaping=True)  # type: ignore[call-arg]
 
 
 def test_adv_norm_mean_only_centres_and_mean_std_scales() -> None:
     r = torch.tensor([1.0, 3.0, 0.0, 2.0, 5.0, 1.0, 2.0, 0.5])
     ids = uniform_group_ids(2, 4, torch.device("cpu"))
-    mean_only = GRPOConfig(adv_norm="mean_only")  # type: ignore[call-arg]
+    mean_only = GRPOConfig.from_dict({"adv_norm": "mean_only"})
     assert mean_only.advantage_scale == "none"
     adv = AdvantageEstimator.from_config(mean_only)(r, ids, 2).advantages
     expect = r - r.view(2, 4).mean(1).repeat_interleave(4)
     torch.testing.assert_close(adv.float(), expect)
-    mean_std = GRPOConfig(adv_norm="mean_std", normalize_advantages=False)  # type: ignore[call-arg]
-    assert mean_std.resolved_advantage_scale == "group"
+    mean_std = GRPOConfig.from_dict({"adv_norm": "mean_std", "normalize_advantages": True})
+    assert mean_std.advantage_scale == "group"
     assert GRPOConfig.recipe("dapo", adv_norm="mean_only").advantage_scale == "none"
     with pytest.raises(
         ValueError, match=r"adv_norm='mean' is not allowed: choose one of \['mean_std', 'mean_only'\]"
     ):
-        GRPOConfig(adv_norm="mean")  # type: ignore[call-arg]
+        GRPOConfig.from_dict({"adv_norm": "mean"})
     with pytest.raises(ValueError, match=r"adv_norm='mean_only' means advantage_scale='none'"):
-        GRPOConfig(adv_norm="mean_only", advantage_scale="group")  # type: ignore[call-arg]
+        GRPOConfig.from_dict({"adv_norm": "mean_only", "advantage_scale": "group"})
+    with pytest.raises(
+        ValueError,
+        match=r"adv_norm='mean_std' means advantage_scale='group' .*, "
+        r"but normalize_advantages=False \(advantage_scale='none'\) was given too",
+    ):
+        GRPOConfig.from_dict({"normalize_advantages": False, "adv_norm": "mean_std"})

@@ -79,7 +79,7 @@ def test_lora_writes_adapter_loadable_with_peft(
     peft = pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM
 
-    import grpo.llm.cli as cli
+    import grpo.llm.cli_run as cli
     from grpo.llm import DisabledAdapterReference
 
     made: list[Any] = []
@@ -172,7 +172,7 @@ def test_lora_runs_with_the_same_seed_are_identical(setup: Path, tmp_path: Path)
 
 def test_cli_options_and_errors(setup: Path, tmp_path: Path) -> None:
     args = parse_args(["--model-name", "m", "--dataset", "d.jsonl", "--kl-coef", "0", "--temperature", "0.9"])
-    assert (args.kl_coef, args.temperature, args.num_generations, args.output_dir) == (
+    assert (args.kl_coeff, args.temperature, args.group_size, args.output_dir) == (
         0.0,
         0.9,
         4,
@@ -260,7 +260,7 @@ def test_logging_steps_bar_wandb_checkpoints_and_appended_metrics(
     (the last) to metrics.jsonl, the log and W&B; --save-steps 2 saves checkpoint-2 with that
     step's record (the command's own keys included); the tqdm bar shows reward and tokens/s;
     metrics.jsonl is appended to by a second run."""
-    import grpo.llm.cli as cli
+    import grpo.llm.cli_outputs as cli
 
     FakeWandb.made.clear()
     monkeypatch.setattr(cli, "WandbSink", FakeWandb)

@@ -16,6 +16,7 @@ import pytest
 
 from grpo.config import GRPOConfig
 from grpo.runtime.dataclass_args import DataclassArgumentParser, UsageError, coerce_value
+from grpo.runtime.spellings import Spelling
 
 SEED_003_FLAGS = [
     "--model-name", "--batch-size", "--num-epochs", "--learning-rate", "--num-generations",
@@ -122,14 +123,14 @@ class Sampling:
 def test_prefixed_dataclass_lists_of_several_values_and_file_translation(tmp_path: Path) -> None:
     """prefix= puts a dataclass's options under a name space (the same field name twice, no
     clash); list and Sequence fields take several values after one flag, or the flag repeated;
-    translate= rewrites a file's keys before they are checked."""
-
-    def translate(raw: dict[str, Any]) -> dict[str, Any]:
-        if raw.get("old_rate") == "bad":
-            raise ValueError("old_rate='bad' is not allowed")
-        return {("rate" if k == "old_rate" else k): v for k, v in raw.items()}
-
-    p = DataclassArgumentParser(prog="toy", allow_abbrev=False, translate=translate)
+    spellings= makes each accepted spelling a flag and a file key (mapped values read as the
+    field's, the same values one more flag of the field's option)."""
+    spellings = {
+        "old_rate": Spelling("rate", "toy 0.1", {"slow": 0.25, "fast": 1.0}, Literal["slow", "fast"]),
+        "speed": Spelling("rate", "toy 0.1"),
+        "velocity": Spelling("rate", "another toy", accepted=False),
+    }
+    p = DataclassArgumentParser(prog="toy", allow_abbrev=False, spellings=spellings)
     p.add_dataclass(Toy)
     assert p.add_dataclass(Sampling, prefix="eval_") == ["eval_group_size", "eval_ks"]
     assert p.add_dataclass(Sampling, prefix="train_", exclude=("ks",)) == ["train_group_size"]
@@ -142,12 +143,23 @@ def test_prefixed_dataclass_lists_of_several_values_and_file_translation(tmp_pat
     assert parsed.for_dataclass(Sampling, prefix="train_", explicit_only=True) == {"group_size": 3}
     assert "--eval-group-size INT|none" in p.format_help()
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("old_rate: 0.25\neval-ks: 8\n")
+    cfg.write_text("old_rate: slow\neval-ks: 8\n")
     v = p.parse(["--config", str(cfg)]).values
     assert (v["rate"], v["eval_ks"]) == (0.25, [8])
+    assert p.parse(["--old-rate", "fast"]).values["rate"] == 1.0
+    assert p.parse(["--speed", "0.5"]).values["rate"] == 0.5
+    cfg.write_text("speed: 2\n")
+    assert p.parse(["--config", str(cfg), "--old-rate", "slow"]).values["rate"] == 0.25  # command line wins
     cfg.write_text("old_rate: bad\n")
-    with pytest.raises(UsageError, match=r"config file '.*c\.yaml': old_rate='bad' is not allowed"):
+    with pytest.raises(UsageError, match=r"c\.yaml: old_rate: expected 'slow' or 'fast', got 'bad'"):
         p.parse(["--config", str(cfg)])
+    cfg.write_text("old_rate: slow\nrate: 1.0\n")
+    with pytest.raises(
+        UsageError, match=r"old_rate='slow' means rate=0\.25 \(toy 0\.1's spelling\), but rate=1\.0"
+    ):
+        p.parse(["--config", str(cfg)])
+    with pytest.raises(UsageError, match=r"--velocity: did you mean --rate\?"):
+        p.parse(["--velocity", "1"])
     with pytest.raises(ValueError, match=r"prefix='-x'"):
         p.add_dataclass(Sampling, prefix="-x")
 
@@ -166,7 +178,7 @@ def option_lines(help_text: str) -> list[list[str]]:
 def test_help_lists_every_knob_once() -> None:
     """Each GRPOConfig field (a field added later too), each option of the command and each of
     seed 003's flags is on exactly one option line of --help, and no flag is on two."""
-    from grpo.llm.cli import _OPTION_GROUPS, build_parser
+    from grpo.llm.cli_options import OPTION_GROUPS, build_parser
 
     text = build_parser().format_help()
     flags = [f for line in option_lines(text) for f in line]
@@ -174,7 +186,7 @@ def test_help_lists_every_knob_once() -> None:
     from grpo.training.evaluation import EvalOptions
 
     fields = [f.name for f in dataclasses.fields(GRPOConfig)]
-    fields += [f.name for _, cls in _OPTION_GROUPS for f in dataclasses.fields(cls)]
+    fields += [f.name for _, cls in OPTION_GROUPS for f in dataclasses.fields(cls)]
     fields += ["eval_" + f.name for f in dataclasses.fields(EvalOptions)]  # --eval-answer included
     for name in fields:
         assert flags.count("--" + name.replace("_", "-")) == 1, name
@@ -190,7 +202,8 @@ def test_seed_flags_are_the_config_fields_and_defaults_stay() -> None:
 
     base = ["--model-name", "m", "--dataset", "d.jsonl"]
     args = parse_args(base)
-    assert (args.num_generations, args.kl_coef, args.clip_range, args.save_steps) == (4, 0.04, 0.2, 500)
+    assert (args.group_size, args.kl_coeff, args.clip_epsilon, args.checkpoint_freq) == (4, 0.04, 0.2, 500)
+    assert not hasattr(args, "kl_coef")  # one name per knob: the field's
     assert (args.batch_size, args.learning_rate, args.num_epochs, args.warmup_steps) == (4, 1e-6, 1, 0)
     assert (args.device, args.seed, args.max_grad_norm, args.temperature) == ("auto", 0, 1.0, 0.7)
     args = parse_args(
@@ -206,6 +219,18 @@ def test_seed_flags_are_the_config_fields_and_defaults_stay() -> None:
         "off",
     )
     assert config.max_grad_norm is None
+    # seed 001's adv_norm and grpo 0.2's normalize_advantages / num_mini_batches: flags and file keys
+    spelled = build_config(
+        parse_args([*base, "--adv-norm", "mean_only", "--batch-size", "8", "--num-mini-batches", "4"])
+    )
+    assert (spelled.advantage_scale, spelled.mini_batch_size) == ("none", 2)
+    assert build_config(parse_args([*base, "--no-normalize-advantages"])).advantage_scale == "none"
+    explicit = build_config(
+        parse_args([*base, "--normalize-advantages", "false", "--advantage-scale", "batch"])
+    )
+    assert explicit.advantage_scale == "batch"  # the field decides, as in grpo 0.2
+    with pytest.raises(SystemExit, match=r"adv_norm='mean_std' means advantage_scale='group'"):
+        parse_args([*base, "--adv-norm", "mean_std", "--advantage-scale", "none"])
 
 
 def test_recipe_then_explicit_options_win(tmp_path: Path) -> None:
@@ -384,7 +409,7 @@ def test_new_flags_parse_and_are_checked_before_any_model_loads() -> None:
 
 def test_seed_001_names_in_a_config_file_are_translated(tmp_path: Path) -> None:
     """adv_norm and use_kl_advantage_shaping (seed 001's GRPOConfig keywords) are accepted in
-    --config files, through grpo.config.translate_seed_keywords (the one translation)."""
+    --config files, through grpo.config.SPELLINGS (the one alias table)."""
     from grpo.llm.cli import build_config, parse_args
 
     base = ["--model-name", "m", "--dataset", "d.jsonl", "--config"]
@@ -396,10 +421,12 @@ def test_seed_001_names_in_a_config_file_are_translated(tmp_path: Path) -> None:
     config = build_config(parse_args([*base, str(cfg)]))
     assert (config.advantage_scale, config.kl_penalty) == ("group", "loss")
     cfg.write_text("adv_norm: mean_only\nadvantage_scale: group\n")
-    with pytest.raises(SystemExit, match=r"adv_norm='mean_only' means advantage_scale='none', but"):
+    with pytest.raises(SystemExit, match=r"adv_norm='mean_only' means advantage_scale='none' .*, but"):
         parse_args([*base, str(cfg)])
     cfg.write_text("adv_norm: zscore\n")
-    with pytest.raises(SystemExit, match=r"seed\.yaml': GRPOConfig: adv_norm='zscore' is not allowed"):
+    with pytest.raises(
+        SystemExit, match=r"seed\.yaml: adv_norm: expected 'mean_std' or 'mean_only', got 'zscore'"
+    ):
         parse_args([*base, str(cfg)])
 
 
@@ -408,7 +435,7 @@ class TrainerSpy:
 
     @staticmethod
     def install(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-        import grpo.llm.cli as cli
+        import grpo.llm.cli_run as cli
 
         made: list[Any] = []
 

@@ -366,7 +366,7 @@ def test_use_liger_loss_is_refused_for_what_liger_does_not_compute(tmp_path: Pat
     "settings",
     [
         {"kl_coeff": 0.04, "num_epochs_per_update": 2, "micro_batch_size": 1},
-        {"kl_coeff": 0.0, "loss_aggregation": "seq-mean-token-mean", "num_mini_batches": 2},
+        {"kl_coeff": 0.0, "loss_aggregation": "seq-mean-token-mean", "mini_batch_size": 1},
     ],
 )
 def test_trainer_step_with_liger_loss_gives_the_default_weights(

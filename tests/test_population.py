@@ -217,6 +217,44 @@ def test_refused_changes() -> None:
     assert t.config.clip_epsilon == 0.2  # nothing changed
 
 
+def test_one_assignment_to_the_config_is_what_the_next_step_uses() -> None:
+    """The parts read ``trainer.config`` when they use it: after ``config.kl_coeff = 0.3`` and
+    ``config.entropy_coeff = 0.02`` the next step's loss is loss/policy + 0.3 kl/ref - 0.02 H
+    (every term a mean over the optimizer steps, so the identity holds for the means), and after
+    ``config.group_size = 6`` it scores 4 x 6 actions."""
+    t = make_mlp(HP0)
+    run(t, 1)
+    t.config.kl_coeff = 0.3
+    t.config.entropy_coeff = 0.02
+    m = run(t, 1)[0]
+    expect = m["loss/policy"] + 0.3 * m["kl/ref"] - 0.02 * m["policy/entropy"]
+    assert m["loss/total"] == pytest.approx(expect, rel=1e-6, abs=1e-9)
+    old = m["loss/policy"] + 0.05 * m["kl/ref"] - 0.01 * m["policy/entropy"]
+    assert abs(m["loss/total"] - old) > 1e-4  # the old coefficients would give another number
+    assert (t.stall_watch.kl_coeff, t.objective.entropy_coeff) == (0.3, 0.02)
+    scored: list[int] = []
+
+    def counting(states: Tensor, actions: Tensor) -> Tensor:
+        scored.append(len(actions))
+        return actions.float()
+
+    g = GRPOTrainer(GRPOConfig(group_size=4, batch_size=4, seed=0), categorical_mlp(4, 3, (8,)), counting)
+    g.step(torch.randn(4, 4))
+    g.config.group_size = 6
+    g.step(torch.randn(4, 4))
+    assert scored == [4 * 4, 4 * 6]
+
+
+def test_a_mutation_leaves_the_callers_config_as_passed() -> None:
+    """The trainer reads its own copy of the config: apply_hyperparameters assigns into it, and
+    the config the caller built the trainer with (maybe shared by every member) stays as passed."""
+    cfg = GRPOConfig(group_size=4, batch_size=4, kl_coeff=0.05, seed=0)
+    t = GRPOTrainer(cfg, categorical_mlp(4, 3, (16,)), lambda s, a: torch.zeros(len(a)))
+    apply_hyperparameters(t, {"kl_coeff": 0.2, "group_size": 3})
+    assert (t.config.kl_coeff, t.config.group_size) == (0.2, 3)
+    assert (cfg.kl_coeff, cfg.group_size) == (0.05, 4)
+
+
 # ---- clones and evolution ----------------------------------------------------------------------
 def test_clone_copies_the_trainer_state_through_state_dicts() -> None:
     pop = population(

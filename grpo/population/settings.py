@@ -1,7 +1,11 @@
 """Reading and setting a live trainer's hyperparameters so that the next step uses them.
 
-`GRPOTrainer` builds its parts once from its `GRPOConfig`; a value changed in the config alone
-would not reach them. `apply_hyperparameters` changes every place a value is read from:
+The trainer's parts read its config (``trainer.config``, the trainer's own copy) when they use
+it: the objective its ``clip_epsilon`` / ``clip_epsilon_high`` / ``kl_coeff`` / ``entropy_coeff``,
+the collector its ``group_size`` (so does the evaluation's default G), the stall watch its
+``kl_coeff`` / ``entropy_coeff``. Changing one of those is one assignment,
+``trainer.config.kl_coeff = v``, made by `apply_hyperparameters` after every check. Two values
+live outside the config and are set where they live:
 
 * ``learning_rate``: every optimizer param group's ``lr`` (and ``initial_lr``) and the LR
   scheduler's ``base_lrs``, all scaled by ``new / old`` base rate, so a warmup or decay schedule
@@ -18,16 +22,10 @@ would not reach them. `apply_hyperparameters` changes every place a value is rea
   had other ratios). The range is a band around the slot's rate: the ``small_policy`` recipe's
   "never above the start" (``adaptive_lr_max == learning_rate``) stays "never above the slot's
   current rate";
-* ``clip_epsilon``: ``trainer.objective.eps_low`` (and ``eps_high`` when ``clip_epsilon_high``
-  is None);
-* ``kl_coeff``: ``trainer.objective.kl_coeff`` (0 in the loss with ``kl_penalty='reward'``,
-  where the step reads ``trainer.config.kl_coeff``);
-* ``entropy_coeff``: ``trainer.objective.entropy_coeff``;
-* ``group_size``: ``trainer.collector.group_size`` (and the evaluation's default G);
-* ``temperature``: ``trainer.policy.temperature`` (a policy such as `grpo.llm.CausalLMPolicy`);
+* ``temperature``: ``trainer.policy.temperature`` (a policy such as `grpo.llm.CausalLMPolicy`;
+  not a `GRPOConfig` field).
 
-and ``trainer.config`` is replaced by ``dataclasses.replace(config, ...)`` (validated again), so
-checkpoints, `GRPOTrainer.evaluate` and the stall watch see the new values. The objective's
+Checkpoints, `GRPOTrainer.evaluate` and the stall watch see the new values. The objective's
 constant cache is keyed by its coefficients (`grpo.algorithms.objective_statistics.ConstantCache`),
 so the changed coefficients take effect in the next loss. The optimizer's moment estimates
 (Adam's ``exp_avg``, ``exp_avg_sq``, ``step``) are kept: only the step size changes.
@@ -73,6 +71,12 @@ def checked_config(trainer: GRPOTrainer, hp: Mapping[str, float]) -> Any:
     """The `GRPOConfig` that `apply_hyperparameters(trainer, hp)` would give ``trainer``, after
     every check it makes (names, switches, the fused loss, the temperature, the optimizer, the
     config's own validation); raises the same errors and changes nothing."""
+    return dataclasses.replace(trainer.config, **_checked_changes(trainer, hp))
+
+
+def _checked_changes(trainer: GRPOTrainer, hp: Mapping[str, float]) -> dict[str, Any]:
+    """The config fields `apply_hyperparameters` sets (``hp``'s and the moved adaptive range),
+    after every check; the config's own validation runs on a copy (ValueError naming the field)."""
     cfg = trainer.config
     changes: dict[str, Any] = {k: v for k, v in hp.items() if k in _CONFIG_FIELDS}
     unknown = sorted(set(hp) - set(_CONFIG_FIELDS) - {"temperature"})
@@ -93,27 +97,21 @@ def checked_config(trainer: GRPOTrainer, hp: Mapping[str, float]) -> Any:
     if "learning_rate" in changes:
         _check_learning_rate(trainer, float(changes["learning_rate"]))
         changes.update(_moved_adaptive_range(cfg, float(changes["learning_rate"])))
-    return dataclasses.replace(cfg, **changes)  # __post_init__ validates (ValueError naming the field)
+    dataclasses.replace(cfg, **changes)  # __post_init__ validates (ValueError naming the field)
+    return changes
 
 
 def apply_hyperparameters(trainer: GRPOTrainer, hp: Mapping[str, float]) -> None:
     """Set ``hp`` (name -> value, names of `grpo.population.MUTABLE`) in ``trainer`` so that its
-    next step uses them (the module docstring lists where each goes). Every value is checked
-    (`checked_config`) before anything changes."""
-    new_cfg = checked_config(trainer, hp)
+    next step uses them (the module docstring says where each goes). Every value is checked
+    (`checked_config`) before anything changes; then each config value is one assignment."""
+    changes = _checked_changes(trainer, hp)
     if "learning_rate" in hp:
         set_learning_rate(trainer, float(hp["learning_rate"]))
-    trainer.config = new_cfg
+    for name, value in changes.items():
+        setattr(trainer.config, name, value)  # the parts read the config when they use it
     if trainer.adaptive_lr is not None:
-        trainer.adaptive_lr.set_bounds(new_cfg.adaptive_lr_min, new_cfg.adaptive_lr_max)
-    obj = trainer.objective
-    obj.eps_low = new_cfg.clip_epsilon
-    obj.eps_high = new_cfg.resolved_clip_epsilon_high
-    obj.kl_coeff = 0.0 if new_cfg.kl_penalty == "reward" else new_cfg.kl_coeff
-    obj.entropy_coeff = new_cfg.entropy_coeff
-    trainer.stall_watch.kl_coeff = new_cfg.kl_coeff
-    trainer.stall_watch.entropy_coeff = new_cfg.entropy_coeff
-    trainer.collector.group_size = new_cfg.group_size
+        trainer.adaptive_lr.set_bounds(trainer.config.adaptive_lr_min, trainer.config.adaptive_lr_max)
     if "temperature" in hp:
         _temperature_holder(trainer).temperature = float(hp["temperature"])
 

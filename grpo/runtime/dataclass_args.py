@@ -37,12 +37,15 @@ is the float 1e-6, and an int is accepted where a float is expected. Keys of a f
 
 Precedence, lowest first: the field's default, the ``defaults`` given to `add_dataclass`, the
 ``--config`` file, the command line (a list on the command line replaces the file's). A parser
-made with ``translate=`` passes each file's mapping through it first (another library's names
-turned into fields, as ``grpo.config.translate_seed_keywords`` does).
+made with ``spellings=`` (an alias table, `grpo.runtime.spellings`; ``grpo.config.SPELLINGS``)
+takes every accepted spelling as a flag and as a file key: a spelling with the field's values is
+one more flag of the field's option (``--kl-coef`` = ``--kl-coeff``), one whose values are mapped
+is its own option (``--adv-norm mean_only`` = ``--advantage-scale none``), read through
+`grpo.runtime.spellings.read_spellings` like a file's keys.
 `ParsedValues.explicit` names what the file or the command line gave, so that a caller can put a
 preset between the defaults and the explicit values (``GRPOConfig.recipe``). An option or a file
-key that is no field is refused with the close spellings (`unknown_keys_message`); on the command
-line as argparse errors are (exit status 2).
+key that is no field is refused with the field meant (`grpo.runtime.spellings.did_you_mean`, the
+one "did you mean"); on the command line as argparse errors are (exit status 2).
 """
 
 from __future__ import annotations
@@ -50,16 +53,16 @@ from __future__ import annotations
 import argparse
 import collections.abc
 import dataclasses
-import difflib
 import importlib
 import json
 import types
 import typing
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 from grpo.runtime.extras import install_hint
+from grpo.runtime.spellings import Spelling, did_you_mean, read_spellings, unknown_names_message
 
 __all__ = [
     "BoolFlagAction",
@@ -73,7 +76,6 @@ __all__ = [
     "parse_bool",
     "read_config_file",
     "text_parser",
-    "unknown_keys_message",
 ]
 
 NONE_WORDS = frozenset({"none", "null"})
@@ -341,7 +343,7 @@ def field_options(
     if unknown:
         raise ValueError(
             f"field_options({cls.__name__}): aliases/defaults/choices name {unknown}, which are not "
-            f"fields of {cls.__name__}. {unknown_keys_message(unknown, [f.name for f in fields])}"
+            f"fields of {cls.__name__}. {unknown_names_message(unknown, [f.name for f in fields], {})}"
         )
     options = []
     for f in fields:
@@ -439,23 +441,6 @@ class ParsedValues:
         }
 
 
-def unknown_keys_message(
-    unknown: Iterable[str], known: Iterable[str], *, hint: Callable[[str], Sequence[str]] | None = None
-) -> str:
-    """``'learnin_rate' (did you mean learning_rate?)``, one per unknown key: ``hint(key)`` first
-    (e.g. the names other libraries use), else close spellings among ``known``; the valid keys are
-    listed when some key has no suggestion."""
-    known = sorted(set(known))
-    parts, lost = [], False
-    for key in unknown:
-        meant = [m for m in (hint(key) if hint is not None else ()) if m in known]
-        meant = meant or difflib.get_close_matches(key, known, n=3, cutoff=0.6)
-        lost = lost or not meant
-        parts.append(f"{key!r}" + (f" (did you mean {' or '.join(meant)}?)" if meant else ""))
-    listing = f" Valid: {', '.join(known)}." if lost else ""
-    return ", ".join(parts) + "." + listing
-
-
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """The mapping in a YAML (``.yaml``/``.yml``) or JSON file, keys with ``-`` turned to ``_``.
     `ValueError` naming the file when it does not parse or holds no mapping; a key given twice
@@ -505,10 +490,9 @@ class DataclassArgumentParser(argparse.ArgumentParser):
     """An `argparse.ArgumentParser` whose options are dataclass fields (`add_dataclass`), with a
     ``--config FILE`` option (YAML or JSON; ``config_option=None`` for none). `parse` gives the
     values with what was explicit; see the module docstring for types and precedence.
-    ``hint(key)``: the names an unknown key probably meant (e.g. a library's aliases), offered
-    before close spellings. ``translate(mapping)``: applied to each config file's mapping (keys
-    with ``_``) before its keys are checked, to turn other names into options' (a `ValueError`
-    it raises is reported with the file's name).
+    ``spellings``: the alias table of the fields (`grpo.runtime.spellings.Spelling`): its accepted
+    spellings are flags and file keys too (module docstring), and every entry is offered for an
+    unknown name (`grpo.runtime.spellings.did_you_mean`).
 
     A field name already added (by an earlier dataclass) is skipped: the first dataclass to
     declare a name owns its option, and both read the same value."""
@@ -517,8 +501,7 @@ class DataclassArgumentParser(argparse.ArgumentParser):
         self,
         *args: Any,
         config_option: str | None = "--config",
-        hint: Callable[[str], Sequence[str]] | None = None,
-        translate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        spellings: Mapping[str, Spelling] | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("formatter_class", DataclassHelpFormatter)
@@ -526,8 +509,8 @@ class DataclassArgumentParser(argparse.ArgumentParser):
         self.options: dict[str, FieldOption] = {}
         self.keys: dict[str, str] = {}  # every accepted name (field, alias; with '_') -> field
         self.config_option = config_option
-        self.hint = hint  # names an unknown key probably meant (a library's aliases), before spellings
-        self.translate = translate  # a config file's mapping -> the same in this parser's names
+        self.spellings: dict[str, Spelling] = dict(spellings or {})
+        self.spelled: dict[str, FieldOption] = {}  # spellings with mapped values: their own options
         if config_option is not None:
             self.add_argument(
                 config_option, dest="config", default=None, metavar="FILE",
@@ -549,11 +532,20 @@ class DataclassArgumentParser(argparse.ArgumentParser):
     ) -> list[str]:
         """Add an option per field of ``cls`` (see `field_options`; ``prefix``: the options are
         named ``prefix + field``) to ``group`` (an argument group of this parser), or to a new
-        group titled ``title`` (default: the class name). Returns the option names added."""
+        group titled ``title`` (default: the class name), and one per accepted spelling of its
+        fields (`spellings`, without ``prefix``). Returns the option names added."""
         target = group if group is not None else self.add_argument_group(title or cls.__name__)
         added = []
+        names = {f.name for f in dataclasses.fields(cls) if f.init and f.name not in exclude}
+        spelled = (
+            {} if prefix else {k: s for k, s in self.spellings.items() if s.accepted and s.field in names}
+        )
+        flags = {n: list((aliases or {}).get(n, ())) for n in names}
+        for key, spelling in spelled.items():
+            if spelling.values is None:
+                flags[spelling.field].append("--" + key.replace("_", "-"))
         made = field_options(
-            cls, aliases=aliases, defaults=defaults, choices=choices, exclude=exclude, prefix=prefix
+            cls, aliases=flags, defaults=defaults, choices=choices, exclude=exclude, prefix=prefix
         )
         for opt in made:
             if opt.name in self.options:
@@ -563,7 +555,32 @@ class DataclassArgumentParser(argparse.ArgumentParser):
             for flag in (opt.name, *opt.flags):
                 self.keys[flag.lstrip("-").replace("-", "_")] = opt.name
             added.append(opt.name)
+        for key, spelling in spelled.items():
+            if spelling.values is not None and key not in self.spelled:
+                self._add_spelling(target, key, spelling)
         return added
+
+    def _add_spelling(self, target: Any, key: str, spelling: Spelling) -> None:
+        """The option of a spelling whose values are mapped (``--adv-norm``): its value is kept
+        under ``key`` and read through `read_spellings` in `parse`."""
+        field_flag = self.options[spelling.field].flags[0]
+        mapping = spelling.values
+        means = (
+            "; ".join(f"{_show(k)} = {field_flag} {_show(v, 'unchanged')}" for k, v in mapping.items())
+            if isinstance(mapping, Mapping)
+            else f"read as {field_flag}"
+        )
+        opt = FieldOption(
+            name=key,
+            flags=("--" + key.replace("_", "-"),),
+            annotation=spelling.annotation,
+            default=dataclasses.MISSING,
+            help=f"{spelling.origin}'s spelling of {field_flag}: {means}.",
+            owner=type(self),
+            choices=tuple(_literal_values(spelling.annotation)) or None,
+        )
+        target.add_argument(*opt.flags, **opt.argparse_kwargs())
+        self.spelled[key] = opt
 
     def normalise(self, argv: Sequence[str]) -> list[str]:
         """``--some_name[=v]`` -> ``--some-name[=v]`` for the options this parser has (up to ``--``)."""
@@ -583,24 +600,29 @@ class DataclassArgumentParser(argparse.ArgumentParser):
         `ValueError` naming the file for a key that is no option (with the close spellings), a
         field given twice (by two of its names) and a value that does not fit."""
         raw = read_config_file(path)
-        if self.translate is not None:
-            try:
-                raw = self.translate(raw)
-            except ValueError as e:
-                raise ValueError(f"config file {str(path)!r}: {e}") from None
-        unknown = [k for k in raw if k not in self.keys]
+        unknown = [k for k in raw if k not in self.keys and k not in self.spelled]
         if unknown:
             raise ValueError(
                 f"unknown option{'s' if len(unknown) > 1 else ''} in config file {str(path)!r}: "
-                f"{unknown_keys_message(unknown, self.keys, hint=self.hint)}"
+                f"{unknown_names_message(unknown, list(self.keys), self.spellings)}"
             )
         out: dict[str, Any] = {}
         for key, value in raw.items():
-            name = self.keys[key]
+            name = key if key in self.spelled or key in self.spellings else self.keys[key]
             if name in out:
                 raise ValueError(f"config file {str(path)!r} gives {name!r} twice (as {key!r} too).")
-            out[name] = coerce_value(f"{path}: {key}", value, self.options[name].annotation)
+            option = self.spelled.get(name) or self.options[self.keys[name]]
+            out[name] = coerce_value(f"{path}: {key}", value, option.annotation)
         return out
+
+    def _read_spellings(
+        self, values: dict[str, Any], context: Mapping[str, Any], where: str
+    ) -> dict[str, Any]:
+        """``values`` (fields and spellings) as fields (`read_spellings`); errors exit (status 2)."""
+        try:
+            return read_spellings(values, self.spellings, context)
+        except ValueError as e:
+            self.fail(f"{where}: {e}")
 
     def parse(self, argv: Sequence[str] | None = None) -> ParsedValues:
         """Parse ``argv`` (default ``sys.argv[1:]``) and the ``--config`` file it names. Errors
@@ -610,8 +632,8 @@ class DataclassArgumentParser(argparse.ArgumentParser):
         ns, rest = self.parse_known_args(self.normalise(sys.argv[1:] if argv is None else argv))
         if rest:
             self.fail(self.unrecognized_message(rest))
-        given = {k: v for k, v in vars(ns).items() if k in self.options}
-        extra = {k: v for k, v in vars(ns).items() if k not in self.options}
+        given = {k: v for k, v in vars(ns).items() if k in self.options or k in self.spelled}
+        extra = {k: v for k, v in vars(ns).items() if k not in given}
         path = extra.get("config") if self.config_option is not None else None
         from_file: dict[str, Any] = {}
         if path is not None:
@@ -620,21 +642,23 @@ class DataclassArgumentParser(argparse.ArgumentParser):
             except (ValueError, ImportError) as e:
                 self.fail(str(e))
         values = {n: o.default for n, o in self.options.items() if o.default is not dataclasses.MISSING}
+        context = {**values, **{k: v for k, v in {**from_file, **given}.items() if k in self.options}}
+        from_file = self._read_spellings(from_file, context, f"config file {path!r}")
+        given = self._read_spellings(given, context, "the command line")
         values.update(from_file)
         values.update(given)
         return ParsedValues(values, frozenset(from_file) | frozenset(given), path, extra)
 
     def unrecognized_message(self, rest: Sequence[str]) -> str:
         """``unrecognized arguments: --lr 1 (--lr: did you mean --learning-rate?)``: each unknown
-        flag with the options it probably meant (``hint``, then close spellings)."""
+        flag with the options it probably meant (`grpo.runtime.spellings.did_you_mean`)."""
         flags = {name: opt.flags[0] for name, opt in self.options.items()}
         notes = []
         for tok in rest:
             if not tok.startswith("--"):
                 continue
             key = tok[2:].split("=", 1)[0].replace("-", "_")
-            meant = [m for m in (self.hint(key) if self.hint is not None else ()) if m in self.keys]
-            meant = meant or difflib.get_close_matches(key, list(self.keys), n=2, cutoff=0.6)
+            meant = did_you_mean(key, list(self.keys), self.spellings)
             shown = sorted({flags[self.keys[m]] for m in meant})
             if shown:
                 notes.append(f"{tok.split('=', 1)[0]}: did you mean {' or '.join(shown)}?")

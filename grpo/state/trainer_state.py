@@ -545,7 +545,7 @@ class TrainerStateMixin:
             GRPOConfig(device=device)  # a bad argument: ValueError, not the checkpoint's fault
         ckpt, saved = checkpoint.resume_config(path, device=device)
         where = ckpt / checkpoint.STATE_JSON
-        known = {f.name for f in dataclasses.fields(GRPOConfig)}
+        known = {f.name for f in dataclasses.fields(GRPOConfig)} | set(GRPOConfig.spellings)
         unknown = sorted(set(saved) - known)
         if unknown:
             raise CheckpointError(
@@ -553,7 +553,7 @@ class TrainerStateMixin:
                 f"GRPOConfig; load it with the grpo version that saved it."
             )
         try:
-            config = GRPOConfig(**saved)
+            config = GRPOConfig.from_dict(saved)  # a config saved under an earlier field name too
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"{where}: config: {e}") from None
         rng = checkpoint.capture_rng()

@@ -128,6 +128,8 @@ class StallWatch:
         scheduler: the trainer's `LambdaLR` over a `grpo.engine.lr_schedules.LRSchedule` (None: no
             schedule), read to tell a schedule that has ended from a stall.
         optimizer_steps_per_step: optimizer steps per trainer step, quoted with the schedule.
+        config: a `GRPOConfig` to read ``kl_coeff`` / ``entropy_coeff`` from when a message is
+            written (`from_config` passes the trainer's live config), instead of the arguments.
     """
 
     def __init__(
@@ -140,6 +142,7 @@ class StallWatch:
         optimizer: Any = None,
         scheduler: Any = None,
         optimizer_steps_per_step: int | None = None,
+        config: Any = None,
     ) -> None:
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
             raise ValueError(f"StallWatch(steps={steps!r}): expected an int >= 1, or None to never warn.")
@@ -147,7 +150,7 @@ class StallWatch:
             raise ValueError(f"StallWatch(update_ratio_floor={update_ratio_floor!r}): expected >= 0.")
         self.steps = steps
         self.update_ratio_floor = update_ratio_floor
-        self.kl_coeff, self.entropy_coeff = kl_coeff, entropy_coeff
+        self._coeffs, self.config = (kl_coeff, entropy_coeff), config
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.optimizer_steps_per_step = optimizer_steps_per_step
@@ -169,9 +172,17 @@ class StallWatch:
     def from_config(cls, config: Any, optimizer: Any = None, scheduler: Any = None) -> StallWatch:
         """A watch with the default thresholds and ``config``'s ``kl_coeff`` / ``entropy_coeff``."""
         return cls(
-            kl_coeff=config.kl_coeff, entropy_coeff=config.entropy_coeff, optimizer=optimizer,
-            scheduler=scheduler, optimizer_steps_per_step=config.optimizer_steps_per_step,
+            optimizer=optimizer, scheduler=scheduler,
+            optimizer_steps_per_step=config.optimizer_steps_per_step, config=config,
         )  # fmt: skip
+
+    @property
+    def kl_coeff(self) -> float:
+        return float(self._coeffs[0] if self.config is None else self.config.kl_coeff)
+
+    @property
+    def entropy_coeff(self) -> float:
+        return float(self._coeffs[1] if self.config is None else self.config.entropy_coeff)
 
     def observe(self, metrics: M) -> M:
         """Read one step's metrics (`grpo.metrics` names); warn on a stall. Returns ``metrics``."""

@@ -64,8 +64,8 @@ def resume_config(path: str | os.PathLike[str], *, device: str | None = None) ->
                 f"{where}: config.{name}={short(cfg[name], 300)}: any value but {list(plain)} is the path "
                 f"of a file to read, and from_checkpoint never opens a path written in a checkpoint (a "
                 f"checkpoint is untrusted input; one saved by grpo never holds a path here, since "
-                f"checkpoints are not saved under DeepSpeed). If you trust it, build the trainer "
-                f"yourself (GRPOConfig(**read_checkpoint_config(path))) and call load_checkpoint(path)."
+                f"checkpoints are not saved under DeepSpeed). If you trust it, build the trainer yourself "
+                f"(GRPOConfig.from_dict(read_checkpoint_config(path))) and call load_checkpoint(path)."
             )
     if device is not None:
         cfg["device"] = device
