@@ -18,6 +18,7 @@ import argparse
 import torch
 
 from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+from grpo.engine.deepspeed import DeepSpeedBackend
 from grpo.engine.distributed import get_world_size, is_main_process, shutdown
 
 
@@ -57,7 +58,8 @@ def main() -> None:
     )
     trainer = GRPOTrainer(config, policy, reward)
     if is_main_process():
-        zero = "off" if trainer.deepspeed_stage is None else f"ZeRO-{trainer.deepspeed_stage}"
+        backend = trainer.backend  # a grpo.engine.deepspeed.DeepSpeedBackend when DeepSpeed runs
+        zero = f"ZeRO-{backend.stage}" if isinstance(backend, DeepSpeedBackend) else "off"
         print(
             f"world_size={get_world_size()} global_batch={get_world_size() * args.batch_size} states "
             f"deepspeed={zero}"

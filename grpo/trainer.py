@@ -19,13 +19,10 @@ has no math of its own (the loss is `grpo.grpo_objective`). docs/architecture.md
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import time
 import warnings
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -35,35 +32,30 @@ from grpo.advantage_estimator import (
     AdvantageFn,
     Advantages,
     advantage_dtype,
-    with_statistics,
 )
 from grpo.algorithms.kl import KLFn
 from grpo.algorithms.policy_losses import PolicyLossFn
 from grpo.config import GRPOConfig
 from grpo.engine.backends import Backend
-from grpo.engine.lr_schedules import schedule_length_problem
+from grpo.engine.lr_schedules import warn_short_schedule
 from grpo.engine.setup import (
-    checked_inputs,
-    join_processes,
-    make_backend,
-    make_reference,
-    offered_reference,
+    check_lockstep,
     reference_module,
     refresh_reference,
+    setup_trainer,
 )
-from grpo.experience_collector import ExperienceBatch, ExperienceCollector, evaluate_log_probs
+from grpo.experience_collector import ExperienceBatch, ExperienceCollector
 from grpo.generation.async_rollouts import PrefetchingEngine
 from grpo.generation.engine import GenerationEngine, engine_metrics
-from grpo.generation.setup import make_engine
+from grpo.generation.setup import check_engine, make_engine
 from grpo.grpo_objective import GRPOObjective
 from grpo.metrics import StepCounts, empty_extremes_as_nan
-from grpo.policy_base import EntropyRequest, PolicyModel, has_method, set_training_mode
+from grpo.policy_base import PolicyModel, entropy_request, has_method
 from grpo.reward_model_base import RewardModel
 from grpo.rollout.action_stats import action_metrics, success_metrics
-from grpo.runtime.denormals import flush_denormals_on, restore_denormals
-from grpo.runtime.threads import describe, intra_op_threads, policy_elements, resolve_num_threads
+from grpo.runtime.threads import intra_op_threads, step_numerics, step_threads
 from grpo.state.trainer_state import TrainerStateMixin
-from grpo.training.reward_shift import RewardShiftRestart, incumbent_advantages
+from grpo.training.reward_shift import RewardShiftRestart
 from grpo.training.stall_watch import StallWatch
 from grpo.update.adaptive_lr import AdaptiveLR
 from grpo.update.guard import UpdateGuard
@@ -71,8 +63,9 @@ from grpo.update.loop import FusedLoss, UpdateParts, run_update
 from grpo.update.plan import UpdateDecisions, UpdatePlan
 
 if TYPE_CHECKING:
-    from grpo.training.evaluation import EvalOptions
-    from grpo.training.loop import TrainState
+    from typing_extensions import Unpack
+
+    from grpo.training.loop import TrainOptions, TrainState
 
 __all__ = ["GRPOConfig", "GRPOTrainer"]
 
@@ -119,76 +112,73 @@ class GRPOTrainer(TrainerStateMixin):
         kl_fn: KLFn | None = None,
         engine: GenerationEngine | None = None,
     ) -> None:
-        reward = checked_inputs(config, policy, reward_model, reference_policy)
+        super().__init__()
         self.config = config
-        self.device, self.distributed = join_processes(config)  # distributed: None on one process
+        run = setup_trainer(config, policy, reward_model, reference_policy, optimizer)  # grpo/engine/setup.py
+        self.device, self.distributed = run.device, run.distributed  # distributed: None on one process
+        self.policy, self.reward_model = run.policy, run.reward_model
+        self.reference_policy = run.reference_policy  # the KL term's (None without one)
+        self.params, self.optimizer, self.scheduler = run.params, run.optimizer, run.scheduler
+        self.backend: Backend | None = run.backend  # owns the optimizer step; None: nothing to train
         self.generator = torch.Generator().manual_seed(0 if config.seed is None else config.seed)
-        self.policy: PolicyModel = _moved(policy, self.device)
-        self.reward_model: RewardModel = _moved(reward, self.device)
-        reference_policy = offered_reference(config, self.policy, reference_policy)  # LoRA: no copy
-        copy_reference = config.kl_coeff > 0 and reference_policy is None
-        setup = make_backend(  # owns the optimizer step (and shards the policy when it partitions weights)
-            config, self.policy, self.device, self.distributed, optimizer, copy_reference=copy_reference
-        )
-        self.params, self.optimizer, self.scheduler = setup.params, setup.optimizer, setup.scheduler
-        self.backend: Backend | None = setup.backend
-        self.reference_policy = make_reference(
-            config, self.policy, reference_policy, self.device, self.backend, setup.reference_copy
-        )
-
-        self.advantage_estimator = AdvantageEstimator.from_config(config, advantage_fn)
-        self._choose_numerics()
-        self._kl_in_reward = config.kl_penalty == "reward" and config.kl_coeff > 0
-        self.plan = UpdatePlan(
-            num_epochs=config.num_epochs_per_update,
-            mini_batch_size=config.resolved_mini_batch_size,
-            micro_batch_size=config.resolved_micro_batch_size,
-            old_before_update=(  # read before the update: a KL in the reward, a mask, the shift check
-                self._kl_in_reward or self.advantage_estimator.needs_mask or config.reward_shift_z is not None
-            ),
-            rescales_gradients=self.backend is None or self.backend.rescales_gradients,
-            generator=self.generator,
-        )
-        self.collector = ExperienceCollector(
-            self.policy, self.reward_model, config.group_size, self.device,
-            reference_policy=self.reference_policy, invalid_rewards=config.invalid_rewards,
-            record_sampler_log_probs=config.effective_sampler_is_cap is not None,
-            reward_timeout=config.reward_timeout, mask_truncated=config.mask_truncated_completions,
-            engine=make_engine(config, self.policy, engine),  # record_old_log_probs: True (the default)
-        )  # fmt: skip
+        self.advantage_estimator: AdvantageEstimator = AdvantageEstimator.from_config(config, advantage_fn)
+        self.plan = self._plan()
+        self.collector = self._collector(engine)
+        prefetching = self.collector.engine
+        self.async_rollouts = prefetching if isinstance(prefetching, PrefetchingEngine) else None
+        """The engine of async rollouts (``config.async_staleness >= 1``), checkpointed as the
+        component ``"async_rollouts"``; None without them."""
         self.objective = GRPOObjective.from_config(config, loss_fn=loss_fn, kl_fn=kl_fn)
         self.guard: UpdateGuard = UpdateGuard(config.non_finite)
         self._update = self._update_parts()
         self.step_count = 0
         self._closed = self._warned_nothing_to_train = self._warned_batch_size = False
-        self._checkpoint_components: dict[str, Any] = {}
-        self._start_engine()  # the sampler's log-probs are reported; an own-weights engine synced
+        check_engine(config, self.collector.engine, self.policy, self.distributed)  # generation/setup.py
+        if self.collector.engine.owns_weights:
+            self.sync_engine()  # the initial weights, version 0
         self.stall_watch = StallWatch.from_config(config, self.optimizer, self.scheduler)  # stall_watch.py
-        self._check_schedule_length()
-        self.reward_shift = self._make_reward_shift()  # step 7 (config.reward_shift_z), or None
-
-    def _make_reward_shift(self) -> RewardShiftRestart | None:
-        """The restart on a reward shift (`grpo.training.reward_shift`); its state (the starting
-        weights too) is checkpointed."""
-        shard = self.backend is not None and not self.backend.local_weights  # FSDP, DeepSpeed
-        watch = RewardShiftRestart.from_config(
-            self.config, self.params, sharded=shard, optimizer=self.optimizer, scheduler=self.scheduler
+        if self.scheduler is not None:
+            warn_short_schedule(config.lr_schedule, config.total_steps, config.optimizer_steps_per_step)
+        sharded = self.backend is not None and not self.backend.local_weights  # FSDP, DeepSpeed
+        self.reward_shift = RewardShiftRestart.from_config(  # step 7, or None; its state is checkpointed
+            config, self.params, sharded=sharded, optimizer=self.optimizer, scheduler=self.scheduler
         )
-        if watch is not None:
-            self._checkpoint_components["reward_shift"] = watch
-        return watch
 
-    def _choose_numerics(self) -> None:
-        """The advantages' dtype (float64 for float64 weights: their update is not computed from
-        float32-rounded advantages) and the intra-op threads of each step (one for a small CPU
-        policy by default, `grpo.runtime.threads`)."""
-        trained = self.optimizer.param_groups if self.optimizer is not None else []
-        weights = [*self.params, *(p for g in trained for p in g["params"])]
+    def _plan(self) -> UpdatePlan:
+        """The update's plan (`grpo.update.plan`) and the numbers it runs with: the advantages'
+        dtype (float64 for float64 weights: their update is not computed from float32-rounded
+        advantages) and the intra-op threads of each step (`grpo.runtime.threads`)."""
+        cfg, groups = self.config, (self.optimizer.param_groups if self.optimizer is not None else [])
+        weights = [*self.params, *(p for g in groups for p in g["params"])]
         self._advantage_dtype = advantage_dtype(weights)
-        elements = policy_elements(self.policy, weights)
+        self.step_threads = step_threads(cfg.num_threads, self.policy, weights, self.device)
+        self._kl_in_reward = cfg.kl_penalty == "reward" and cfg.kl_coeff > 0
+        return UpdatePlan(
+            num_epochs=cfg.num_epochs_per_update,
+            mini_batch_size=cfg.resolved_mini_batch_size,
+            micro_batch_size=cfg.resolved_micro_batch_size,
+            old_before_update=(  # read before the update: a KL in the reward, a mask, the shift check
+                self._kl_in_reward or self.advantage_estimator.needs_mask or cfg.reward_shift_z is not None
+            ),
+            rescales_gradients=self.backend is None or self.backend.rescales_gradients,
+            generator=self.generator,
+        )
+
+    def _collector(self, engine: GenerationEngine | None) -> ExperienceCollector:
+        """Step 1's part: the rollout through ``engine`` (or the one the config names)."""
         cfg = self.config
-        self.step_threads = resolve_num_threads(cfg.num_threads, device=self.device, elements=elements)
-        logger.info(describe(cfg.num_threads, self.step_threads, device=self.device, elements=elements))
+        return ExperienceCollector(
+            self.policy,
+            self.reward_model,
+            cfg.group_size,
+            self.device,
+            reference_policy=self.reference_policy,
+            invalid_rewards=cfg.invalid_rewards,
+            record_sampler_log_probs=cfg.effective_sampler_is_cap is not None,
+            reward_timeout=cfg.reward_timeout,
+            mask_truncated=cfg.mask_truncated_completions,
+            engine=make_engine(cfg, self.policy, engine),  # record_old_log_probs: True (the default)
+        )
 
     def _update_parts(self) -> UpdateParts | None:
         """The parts of the update (None when there is nothing to train)."""
@@ -196,17 +186,21 @@ class GRPOTrainer(TrainerStateMixin):
         if self.backend is None or self.optimizer is None:
             return None
         return UpdateParts(
-            self.policy, self.objective, self.plan, self.backend, self.guard, self.params, self.optimizer,
-            self.scheduler, self.device, self._entropy_request(), self.config.effective_sampler_is_cap,
-            AdaptiveLR.from_config(self.config, self.scheduler), self.fused_loss,
-            self.config.sampler_correction,
-        )  # fmt: skip
-
-    def _entropy_request(self) -> EntropyRequest:
-        """The exact entropy from ``evaluate_actions``: differentiable only when the loss trains it."""
-        if not has_method(self.policy, "evaluate_actions"):
-            return False
-        return True if self.config.entropy_coeff != 0 else "no_grad"
+            policy=self.policy,
+            objective=self.objective,
+            plan=self.plan,
+            backend=self.backend,
+            guard=self.guard,
+            params=self.params,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            device=self.device,
+            exact_entropy=entropy_request(self.policy, self.config.entropy_coeff),
+            sampler_is_cap=self.config.effective_sampler_is_cap,
+            adaptive_lr=AdaptiveLR.from_config(self.config, self.scheduler),
+            fused_loss=self.fused_loss,
+            sampler_correction=self.config.sampler_correction,
+        )
 
     def _fused_loss(self) -> FusedLoss | None:
         """``GRPOConfig.use_liger_loss``: Liger's fused GRPO loss (`grpo.llm.liger.LigerGRPOLoss`)
@@ -230,43 +224,6 @@ class GRPOTrainer(TrainerStateMixin):
 
         return LigerGRPOLoss(self.config, compiled=compile_liger_loss(self.device))
 
-    def _start_engine(self) -> None:
-        """The sampler's log-probs must come from somewhere: an engine with its own weights
-        reports them (and gets the initial weights now, version 0); the in-process one asks the
-        policy's ``generate_actions_with_log_probs``. With async rollouts the generations drawn
-        ahead are checkpointed (component ``"async_rollouts"``)."""
-        cap = self.config.sampler_is_cap
-        engine = self.collector.engine
-        if engine.owns_weights and self.distributed is not None:
-            engine.close()
-            raise ValueError(
-                f"GRPOConfig(generation_engine={self.config.generation_engine!r}) generates on one "
-                f"process; under torchrun ({self.distributed.world_size} processes) use "
-                f"generation_engine='hf' and async_staleness=0."
-            )
-        if isinstance(engine, PrefetchingEngine):
-            self._checkpoint_components["async_rollouts"] = engine
-        if engine.owns_weights:
-            self.sync_engine()
-            return
-        if cap is not None and not has_method(self.policy, "generate_actions_with_log_probs"):
-            raise TypeError(
-                f"GRPOConfig(sampler_is_cap={cap}) corrects a sampler/trainer mismatch, so the policy "
-                f"must report its sampler's log-probs: {type(self.policy).__name__} has no "
-                f"generate_actions_with_log_probs(states, G) -> (actions, log_probs). Add it, or set "
-                f"sampler_is_cap=None."
-            )
-
-    def _check_schedule_length(self) -> None:
-        """Warn when a decaying schedule ends within a few trainer steps (total_steps counts
-        optimizer steps; `grpo.engine.lr_schedules.schedule_length_problem`)."""
-        cfg = self.config
-        if self.scheduler is None:
-            return
-        problem = schedule_length_problem(cfg.lr_schedule, cfg.total_steps, cfg.optimizer_steps_per_step)
-        if problem is not None:
-            warnings.warn(problem, UserWarning, stacklevel=3)
-
     def _reference_module(self) -> Any:
         return reference_module(self.reference_policy, self.backend)
 
@@ -275,15 +232,6 @@ class GRPOTrainer(TrainerStateMixin):
         """The controller of ``config.adaptive_lr_kl`` (`grpo.update.adaptive_lr`); None when off
         or when nothing is trained."""
         return None if self._update is None else self._update.adaptive_lr
-
-    @property
-    def non_finite_steps(self) -> int:
-        """Steps whose update was undone because the loss or the gradient was NaN/inf."""
-        return int(self.guard.non_finite_steps)
-
-    @non_finite_steps.setter
-    def non_finite_steps(self, value: int) -> None:
-        self.guard.non_finite_steps = value
 
     # ---- the step -----------------------------------------------------------------------
     def step(self, states: Any, **generate_kwargs: Any) -> dict[str, float]:
@@ -297,7 +245,7 @@ class GRPOTrainer(TrainerStateMixin):
         `grpo.runtime.threads`); both settings are restored afterwards.
         """
         self._note_batch_size(states)
-        with self._numerics():
+        with step_numerics(self.config.flush_denormals, self.step_threads):
             t0 = time.perf_counter()
             lr = self._learning_rate()  # optim/lr: the rate this step's first optimizer step uses
             self.check_lockstep(states)
@@ -369,19 +317,17 @@ class GRPOTrainer(TrainerStateMixin):
         """Async rollouts (``config.async_staleness >= 1``): submit the generation of ``states``
         now, to be taken by a later ``step(states)`` with the same object (`train` calls this k
         steps ahead; `grpo.generation.async_rollouts`)."""
-        engine = self.collector.engine
-        if not isinstance(engine, PrefetchingEngine):
+        if self.async_rollouts is None:
             raise RuntimeError(
                 "prefetch() needs async rollouts: GRPOConfig(async_staleness=K >= 1) with an engine "
                 "that owns its weights (generation_engine='worker' or 'vllm')."
             )
-        engine.prefetch(self._checked(states), self.config.group_size)
+        self.async_rollouts.prefetch(self._checked(states), self.config.group_size)
 
     def discard_prefetched(self) -> int:
         """Wait for and drop the generations `prefetch` submitted that no step took (the end of
         a run); returns how many. 0 without async rollouts."""
-        engine = self.collector.engine
-        return engine.discard_pending() if isinstance(engine, PrefetchingEngine) else 0
+        return 0 if self.async_rollouts is None else self.async_rollouts.discard_pending()
 
     def _metrics(
         self,
@@ -442,17 +388,9 @@ class GRPOTrainer(TrainerStateMixin):
         if watch is None:
             return metrics
         world = 1 if self.distributed is None else self.distributed.world_size
-        sums = None
-        if watch.incumbent is not None and batch.old_log_probs is not None:
-            with watch.incumbent_weights():
-                set_training_mode(self.policy, False)
-                inc = evaluate_log_probs(self.policy, batch, device=self.device, check_inf=False)
-            local = incumbent_advantages(
-                inc.log_probs, batch.old_log_probs, batch.mask, adv.values, batch.group_ids,
-                batch.num_groups, adv.keep,
-            )  # fmt: skip
-            sums = (local if self.backend is None else self.backend.global_sum(local)).tolist()
-        metrics = watch.observe(metrics, batch.num_samples * world, sums)
+        local = watch.probation_sums(self.policy, batch, adv, self.device)
+        sums = None if local is None else (local if self.backend is None else self.backend.global_sum(local))
+        metrics = watch.observe(metrics, batch.num_samples * world, None if sums is None else sums.tolist())
         self.sync_engine()  # a restart (or its undoing) may have changed the weights
         return metrics
 
@@ -474,17 +412,6 @@ class GRPOTrainer(TrainerStateMixin):
             return {}, 0.0
         return run_update(self._update, batch, adv.values, adv.keep, decisions, self.step_count)
 
-    @contextlib.contextmanager
-    def _numerics(self) -> Any:
-        """Subnormals flushed (``config.flush_denormals``) and ``step_threads`` intra-op threads
-        (``config.num_threads``) for the block; the caller's settings are restored after it."""
-        changed = flush_denormals_on() if self.config.flush_denormals else False
-        try:
-            with intra_op_threads(self.step_threads):
-                yield
-        finally:
-            restore_denormals(changed)
-
     def check_lockstep(self, states: Any) -> None:
         """Refuse to step a closed trainer. Where every forward gathers partitioned weights
         (``backend.lockstep_forwards``: DeepSpeed ZeRO-3) on several processes, all ranks must run
@@ -494,14 +421,7 @@ class GRPOTrainer(TrainerStateMixin):
             raise RuntimeError(
                 "this trainer was closed (close / grpo.engine.distributed.shutdown); build a new one"
             )
-        if self.distributed is None or self.backend is None or not self.backend.lockstep_forwards:
-            return
-        try:
-            n = _num_groups(states)
-        except TypeError:
-            return  # not sized: check_policy's own error follows in collection
-        why = "DeepSpeed ZeRO-3 gathers the weights in every forward, so all ranks must run the same forwards"
-        self.distributed.check_same_number_of_states(n, why)
+        check_lockstep(self.distributed, self.backend, lambda: _num_groups(states))
 
     # ---- the parts, one at a time ----------------------------------------------------------
     def collect(self, states: Any, **generate_kwargs: Any) -> ExperienceBatch:
@@ -513,17 +433,13 @@ class GRPOTrainer(TrainerStateMixin):
     def advantages(self, batch: ExperienceBatch) -> Advantages:
         """The batch's group-relative advantages and reward statistics (the batch is not changed).
         The advantages are float32, or float64 when the policy has a float64 weight."""
-        result = self.advantage_estimator(
-            batch.rewards, batch.group_ids, batch.num_groups, components=batch.reward_components,
-            weights=getattr(self.reward_model, "reward_weights", None), mask=batch.mask,
-            kl_penalty=self._kl_reward_penalty(batch), group_size=batch.group_size,
-            step_rewards=batch.step_rewards, dtype=self._advantage_dtype,
-        )  # fmt: skip
-        dropped = batch.dropped_groups if self.config.invalid_rewards == "drop_groups" else None
-        return with_statistics(
-            result, batch.rewards, batch.group_ids, batch.num_groups, batch.group_size,
-            batch.reward_components, dropped,
-        )  # fmt: skip
+        return self.advantage_estimator.of_batch(
+            batch,
+            weights=getattr(self.reward_model, "reward_weights", None),
+            kl_penalty=self._kl_reward_penalty(batch),
+            dtype=self._advantage_dtype,
+            count_dropped=self.config.invalid_rewards == "drop_groups",
+        )
 
     def update(self, batch: ExperienceBatch, advantages: Advantages) -> dict[str, Tensor]:
         """Optimise the policy on ``batch`` with ``advantages`` (from `advantages`). Returns the
@@ -533,7 +449,7 @@ class GRPOTrainer(TrainerStateMixin):
                 f"update(batch, advantages) needs the Advantages of trainer.advantages(batch), got "
                 f"{type(advantages).__name__}."
             )
-        with self._numerics():
+        with step_numerics(self.config.flush_denormals, self.step_threads):
             decisions = self.plan.decide(batch.num_groups)
             update, _ = self._run_update(self._collect(batch, decisions, {}), advantages, decisions)
         return {k: torch.tensor(v, device=self.device) for k, v in update.items()}
@@ -578,40 +494,19 @@ class GRPOTrainer(TrainerStateMixin):
         with intra_op_threads(self.step_threads):  # the step's thread policy (grpo/runtime/threads.py)
             return evaluate(self, states, seed=seed, **generate_kwargs)
 
-    def train(
-        self,
-        states_source: Any,
-        num_steps: int,
-        *,
-        eval_states: Any = None,
-        eval_every: int | None = None,
-        callbacks: Sequence[Any] = (),
-        sinks: Sequence[Any] = (),
-        checkpoint_dir: str | os.PathLike[str] | None = None,
-        resume_from: str | os.PathLike[str] | None = None,
-        progress: bool | Literal["bar", "log"] = True,
-        log_every: int | None = None,
-        eval_options: EvalOptions | None = None,
-    ) -> TrainState:
+    def train(self, states_source: Any, num_steps: int, **options: Unpack[TrainOptions]) -> TrainState:
         """Run steps until ``step_count == num_steps``, with progress, evaluation, sinks and
-        checkpoints; the arguments are those of `grpo.training.loop.train`, which documents them.
-        Returns its `grpo.training.loop.TrainState` (history, eval history, checkpoints, stop reason).
+        checkpoints; the options (`grpo.training.loop.TrainOptions`: ``eval_states``,
+        ``eval_every``, ``eval_options``, ``callbacks``, ``sinks``, ``checkpoint_dir``,
+        ``resume_from``, ``progress``, ``log_every``) are those of `grpo.training.loop.train`,
+        which documents them. Returns its `grpo.training.loop.TrainState` (history, eval history,
+        checkpoints, stop reason).
         """
         from grpo.training.loop import train
 
-        return train(
-            self, states_source, num_steps, eval_states=eval_states, eval_every=eval_every,
-            callbacks=callbacks, sinks=sinks, checkpoint_dir=checkpoint_dir, resume_from=resume_from,
-            progress=progress, log_every=log_every, eval_options=eval_options,
-        )  # fmt: skip
+        return train(self, states_source, num_steps, **options)
 
 
 def _num_groups(states: Any) -> int:
     """B: the number of states (or of a batch's groups)."""
     return states.num_groups if isinstance(states, ExperienceBatch) else len(states)
-
-
-def _moved(obj: Any, device: torch.device) -> Any:
-    """``obj.to(device)``, keeping ``obj`` when ``to`` returns None (moved in place)."""
-    moved = obj.to(device)
-    return obj if moved is None else moved

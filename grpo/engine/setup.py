@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +54,8 @@ from grpo.reward_model_base import RewardModel, as_reward_model
 
 __all__ = [
     "BackendSetup",
+    "TrainerSetup",
+    "check_lockstep",
     "check_refreshable",
     "checked_inputs",
     "join_processes",
@@ -64,6 +66,7 @@ __all__ = [
     "refresh_reference",
     "resolve_device",
     "seed_everything",
+    "setup_trainer",
 ]
 
 
@@ -232,6 +235,61 @@ def _make_optimizer(
 
 
 # ---- the reference policy of the KL term ----------------------------------------------------------
+@dataclass(frozen=True)
+class TrainerSetup:
+    """Where a trainer runs and what its update steps: the device, the process group (None on
+    one process), the policy and reward on the device, the trainable tensors with their optimizer
+    and LR schedule, the backend (None / empty when nothing is trained) and the reference policy
+    of the KL term (None without one)."""
+
+    device: torch.device
+    distributed: DistributedSync | None
+    policy: PolicyModel
+    reward_model: RewardModel
+    params: list[Tensor]
+    optimizer: torch.optim.Optimizer | None
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    backend: Backend | None
+    reference_policy: PolicyModel | None
+
+
+def setup_trainer(
+    config: GRPOConfig,
+    policy: PolicyModel,
+    reward_model: Any,
+    reference_policy: PolicyModel | None,
+    optimizer: torch.optim.Optimizer | None,
+) -> TrainerSetup:
+    """The `TrainerSetup` of `GRPOTrainer`'s arguments: checked (`checked_inputs`), the processes
+    joined and seeded (`join_processes`), the policy and reward moved to the device, the
+    reference the policy offers (`offered_reference`: a LoRA adapter disabled, no copy) or a
+    frozen copy, and the backend that owns the optimizer step (`make_backend`; it shards the
+    policy when it partitions weights)."""
+    reward = checked_inputs(config, policy, reward_model, reference_policy)
+    device, distributed = join_processes(config)
+    policy, reward = _moved(policy, device), _moved(reward, device)
+    reference = offered_reference(config, policy, reference_policy)
+    copy_reference = config.kl_coeff > 0 and reference is None
+    made = make_backend(config, policy, device, distributed, optimizer, copy_reference=copy_reference)
+    return TrainerSetup(
+        device=device,
+        distributed=distributed,
+        policy=policy,
+        reward_model=reward,
+        params=made.params,
+        optimizer=made.optimizer,
+        scheduler=made.scheduler,
+        backend=made.backend,
+        reference_policy=make_reference(config, policy, reference, device, made.backend, made.reference_copy),
+    )
+
+
+def _moved(obj: Any, device: torch.device) -> Any:
+    """``obj.to(device)``, keeping ``obj`` when ``to`` returns None (moved in place)."""
+    moved = obj.to(device)
+    return obj if moved is None else moved
+
+
 def offered_reference(
     config: GRPOConfig, policy: PolicyModel, reference_policy: PolicyModel | None
 ) -> PolicyModel | None:
@@ -325,10 +383,21 @@ def _deepspeed(backend: Backend | None) -> DeepSpeedBackend | None:
     return backend if isinstance(backend, DeepSpeedBackend) else None
 
 
-def deepspeed_stage(backend: Backend | None) -> int | None:
-    """The DeepSpeed ZeRO stage (1, 2 or 3) when ``backend`` is DeepSpeed's, else None."""
-    deepspeed = _deepspeed(backend)
-    return None if deepspeed is None else deepspeed.stage
+def check_lockstep(
+    distributed: DistributedSync | None, backend: Backend | None, num_states: Callable[[], int]
+) -> None:
+    """Where every forward gathers partitioned weights (``backend.lockstep_forwards``: DeepSpeed
+    ZeRO-3) on several processes, all ranks must run the same forwards: raise on every rank when
+    they got different numbers of states (``num_states()``; not sized: nothing to check, the
+    policy check's own error follows), before any forward (a clear error instead of a hang)."""
+    if distributed is None or backend is None or not backend.lockstep_forwards:
+        return
+    try:
+        n = int(num_states())
+    except TypeError:
+        return
+    why = "DeepSpeed ZeRO-3 gathers the weights in every forward, so all ranks must run the same forwards"
+    distributed.check_same_number_of_states(n, why)
 
 
 def reference_module(reference: PolicyModel | None, backend: Backend | None) -> nn.Module | None:

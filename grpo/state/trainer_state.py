@@ -78,9 +78,18 @@ if TYPE_CHECKING:
 __all__ = ["STATE_KEYS", "TrainerStateMixin"]
 
 STATE_KEYS = (
-    "step_count", "non_finite_steps", "policy", "reference_policy", "optimizer", "scheduler",
-    "generator", "components",
-)  # fmt: skip
+    "step_count",
+    "non_finite_steps",
+    "policy",
+    "reference_policy",
+    "optimizer",
+    "scheduler",
+    "generator",
+    "components",
+)
+OWN_COMPONENTS = ("advantage_estimator", "async_rollouts", "reward_shift")
+"""The trainer's own stateful parts (attributes of the same names; None when off), saved in this
+order before the registered ones."""
 
 
 class TrainerStateMixin:
@@ -92,15 +101,28 @@ class TrainerStateMixin:
     optimizer: torch.optim.Optimizer | None
     scheduler: Any
     advantage_estimator: Any
+    async_rollouts: Any
+    reward_shift: Any
     step_count: int
     guard: Any
     config: Any
     generator: torch.Generator
-    _checkpoint_components: dict[str, Any]
     backend: Backend | None
+
+    def __init__(self) -> None:
+        self._registered: dict[str, Any] = {}  # register_checkpoint_state's objects, by name
 
     def sync_engine(self) -> None:
         """Give the generation engine the loaded weights (the trainer implements it)."""
+
+    @property
+    def non_finite_steps(self) -> int:
+        """Steps whose update was undone because the loss or the gradient was NaN/inf."""
+        return int(self.guard.non_finite_steps)
+
+    @non_finite_steps.setter
+    def non_finite_steps(self, value: int) -> None:
+        self.guard.non_finite_steps = value
 
     def register_checkpoint_state(self, name: str, obj: Any) -> None:
         """Save and restore ``obj`` (with ``state_dict()`` / ``load_state_dict()``) in checkpoints,
@@ -112,15 +134,17 @@ class TrainerStateMixin:
                 f"register_checkpoint_state({name!r}, ...) needs an object with state_dict() and "
                 f"load_state_dict(); {type(obj).__name__} lacks them."
             )
-        if name in ("advantage_estimator", "reward_shift", "async_rollouts"):
+        if name in OWN_COMPONENTS:
             raise ValueError(
                 f"register_checkpoint_state: {name!r} is the trainer's own; choose another name."
             )
-        self._checkpoint_components[name] = obj
+        self._registered[name] = obj
 
     def stateful_components(self) -> dict[str, Any]:
-        """The objects whose state dicts are saved besides the models (see the module docstring)."""
-        return {"advantage_estimator": self.advantage_estimator, **self._checkpoint_components}
+        """The objects whose state dicts are saved besides the models (see the module docstring):
+        the trainer's own (`OWN_COMPONENTS` that are on), then the registered ones."""
+        own = {name: getattr(self, name) for name in OWN_COMPONENTS}
+        return {k: v for k, v in own.items() if v is not None} | self._registered
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly (see the module docstring for the entries).
@@ -128,7 +152,7 @@ class TrainerStateMixin:
         Under FSDP a collective: every process must call it. Rank 0 gets the whole (gathered)
         policy weights and optimizer state; the other ranks get ``{}`` for those two entries.
         """
-        self._refuse_unless_checkpointable("state_dict")
+        self.check_checkpointable("state_dict")
         opt, sched = self.optimizer, self.scheduler
         ref = self.reference_policy
         sharded = self._sharded()
@@ -160,7 +184,7 @@ class TrainerStateMixin:
         are loaded (broadcast and sharded; the other ranks may pass the same or ``{}``); a state
         that does not fit raises `CheckpointError` on every rank.
         """
-        self._refuse_unless_checkpointable("load_state_dict")
+        self.check_checkpointable("load_state_dict")
         state = self._with_async_rollouts(state, source)
         sharded = self._sharded()
         if sharded is not None:
@@ -496,7 +520,7 @@ class TrainerStateMixin:
         from grpo.state import checkpoint
 
         keep = self.config.checkpoint_keep_last if keep_last is None else keep_last
-        self._refuse_unless_checkpointable("save_checkpoint")
+        self.check_checkpointable("save_checkpoint")
         state = self.state_dict()
         return main_process_only(  # under torchrun rank 0 writes, the other ranks wait for it
             lambda: checkpoint.save_checkpoint(state, self.config.to_dict(), directory, keep_last=keep),
@@ -512,7 +536,7 @@ class TrainerStateMixin:
         from grpo.engine.distributed import reseed_other_ranks
         from grpo.state import checkpoint
 
-        self._refuse_unless_checkpointable("load_checkpoint")
+        self.check_checkpointable("load_checkpoint")
         loaded = checkpoint.load_checkpoint(self, path)
         reseed_other_ranks(self.config.seed, self.step_count)  # ranks > 0: their own RNG streams
         return loaded
@@ -568,14 +592,6 @@ class TrainerStateMixin:
             raise
         return trainer
 
-    @property
-    def deepspeed_stage(self) -> int | None:
-        """The DeepSpeed ZeRO stage (1, 2 or 3) when DeepSpeed runs the backward pass and optimizer
-        step (``GRPOConfig.deepspeed``), else None."""
-        from grpo.engine.setup import deepspeed_stage
-
-        return deepspeed_stage(self.backend)
-
     def gathered_weights(self) -> contextlib.AbstractContextManager[None]:
         """A context manager within which the policy's weights (and those of the reference copy)
         hold their full values on every rank: under DeepSpeed ZeRO-3 each rank otherwise keeps
@@ -583,8 +599,10 @@ class TrainerStateMixin:
         reading (comparing, exporting); changes made inside are discarded."""
         return contextlib.nullcontext() if self.backend is None else self.backend.gathered()
 
-    def _refuse_unless_checkpointable(self, what: str) -> None:
-        """Refuse where the backend's state cannot be held by one checkpoint (DeepSpeed)."""
+    def check_checkpointable(self, what: str) -> None:
+        """Raise NotImplementedError naming ``what`` where the backend's state cannot be held by one
+        checkpoint (``Backend.checkpointable`` False: DeepSpeed); the training loop asks before
+        its first step."""
         if self.backend is not None and not self.backend.checkpointable:
             raise NotImplementedError(
                 f"GRPOTrainer.{what} is not supported with DeepSpeed ZeRO: the optimizer state is "

@@ -76,12 +76,17 @@ import copy
 import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from grpo.policy_base import PolicyModel, set_training_mode
+from grpo.rollout.batch import ExperienceBatch, evaluate_log_probs
 from grpo.state.checks import optimizer_problem, scheduler_problem
+
+if TYPE_CHECKING:
+    from grpo.advantage_estimator import Advantages
 
 __all__ = [
     "CONFIRM_GROUPS",
@@ -249,9 +254,12 @@ class RewardShiftRestart:
                 "or DeepSpeed. Set reward_shift_z=None (or deepspeed='off')."
             )
         return cls(
-            params, z=config.reward_shift_z, settled_kl=config.reward_shift_kl, optimizer=optimizer,
+            params,
+            z=config.reward_shift_z,
+            settled_kl=config.reward_shift_kl,
+            optimizer=optimizer,
             scheduler=scheduler,
-        )  # fmt: skip
+        )
 
     def _reset_statistics(self) -> None:
         self.fast = self.slow = self.spread = self.lo = self.hi = math.nan
@@ -276,6 +284,28 @@ class RewardShiftRestart:
         with torch.no_grad():
             for p, v in zip(self.params, values, strict=True):
                 p.copy_(v)
+
+    def probation_sums(
+        self, policy: PolicyModel, batch: ExperienceBatch, advantages: Advantages, device: torch.device
+    ) -> Tensor | None:
+        """This process's `incumbent_advantages` in ``batch``'s groups while a restart is on
+        probation (one forward of the batch with the incumbent's weights, no grad), else None (no
+        probation, or a batch without behaviour log-probs). `observe` takes them summed over
+        processes."""
+        if self.incumbent is None or batch.old_log_probs is None:
+            return None
+        with self.incumbent_weights():
+            set_training_mode(policy, False)
+            inc = evaluate_log_probs(policy, batch, device=device, check_inf=False)
+        return incumbent_advantages(
+            inc.log_probs,
+            batch.old_log_probs,
+            batch.mask,
+            advantages.values,
+            batch.group_ids,
+            batch.num_groups,
+            advantages.keep,
+        )
 
     def observe(
         self, metrics: dict[str, float], num_samples: int, incumbent: Sequence[float] | None = None
