@@ -17,9 +17,10 @@ import argparse
 
 import torch
 
-from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+from grpo import GRPOConfig, GRPOTrainer
 from grpo.engine.deepspeed import DeepSpeedBackend
 from grpo.engine.distributed import get_world_size, is_main_process, shutdown
+from grpo.policies import categorical_mlp
 
 
 def main() -> None:

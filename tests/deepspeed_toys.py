@@ -256,8 +256,9 @@ def shutdown_worker(rank: int, world: int, out: Path) -> None:
     names of this process's threads then, and whether the group is still initialised."""
     import gc
 
-    from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+    from grpo import GRPOConfig, GRPOTrainer
     from grpo.engine.distributed import shutdown
+    from grpo.policies import categorical_mlp
 
     ds = out / "zero3.json"
     config = GRPOConfig(group_size=4, batch_size=2, seed=0, deepspeed=str(ds) if ds.exists() else "off")

@@ -199,7 +199,8 @@ def test_a_policy_partitioned_by_an_earlier_trainer_cannot_be_copied_for_the_ref
     """A second trainer on a policy that a ZeRO-3 trainer already partitioned (e.g. rebuilt in a
     notebook) trains without a KL term, and with one refuses clearly instead of copying empty
     partitions into the reference."""
-    from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+    from grpo import GRPOConfig, GRPOTrainer
+    from grpo.policies import categorical_mlp
 
     cfg = tmp_path / "zero3.json"
     cfg.write_text(json.dumps(ZERO_CONFIGS["zero3"]))
@@ -234,8 +235,9 @@ def test_close_frees_the_engines_before_the_interpreter_exits(tmp_path: Path, kl
     from deepspeed.runtime.zero import parameter_offload
     from deepspeed.utils import groups
 
-    from grpo import GRPOTrainer, categorical_mlp
+    from grpo import GRPOTrainer
     from grpo.engine.distributed import shutdown
+    from grpo.policies import categorical_mlp
 
     cfg = tmp_path / "zero3.json"
     cfg.write_text(json.dumps(ZERO_CONFIGS["zero3"]))

@@ -22,7 +22,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+from grpo import GRPOConfig, GRPOTrainer
 from grpo.generation import GenerationEngine, PrefetchingEngine
 from grpo.generation.worker import (
     CARRIED_SETTINGS,
@@ -34,6 +34,7 @@ from grpo.generation.worker import (
     unpack_actions,
 )
 from grpo.llm import CausalLMPolicy, Completion, RewardFunctions
+from grpo.policies import categorical_mlp
 from tests.llm_helpers import build_model, build_tokenizer
 
 STATES = ["1+2=", "what is 12+30?", "a"]

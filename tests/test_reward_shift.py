@@ -15,7 +15,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from grpo import DistributionPolicy, GRPOConfig, GRPOTrainer
+from grpo import GRPOConfig, GRPOTrainer
+from grpo.policies import DistributionPolicy
 from grpo.training.reward_shift import (
     PROBATION_STEPS,
     RewardShiftRestart,

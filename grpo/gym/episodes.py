@@ -294,8 +294,8 @@ def _as_distribution_policy(policy: nn.Module) -> DistributionPolicy:
         return DistributionPolicy(policy)
     raise TypeError(
         f"EpisodePolicy needs a torch.nn.Module mapping observations (n, obs_dim) to a "
-        f"torch.distributions.Distribution (e.g. grpo.categorical_mlp(obs_dim, n_actions) or "
-        f"grpo.gaussian_mlp(obs_dim, act_dim)); got {type(policy).__name__}."
+        f"torch.distributions.Distribution (e.g. grpo.policies.categorical_mlp(obs_dim, n_actions) or "
+        f"grpo.policies.gaussian_mlp(obs_dim, act_dim)); got {type(policy).__name__}."
     )
 
 

@@ -55,7 +55,8 @@ Such a run has three causes, told apart in this order:
   too small for the network, (nearly) zero advantages, every ratio clipped, a tiny gradient).
 
 A step that is not stalled ends the stall; the next one warns again. Silence the warnings with
-``warnings.filterwarnings("ignore", category=grpo.StallWarning)``, or ``StallWatch(steps=None)``.
+``warnings.filterwarnings("ignore", category=grpo.training.stall_watch.StallWarning)``, or
+``StallWatch(steps=None)``.
 The counters are not part of checkpoints: a resumed run counts from 0.
 """
 
