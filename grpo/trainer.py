@@ -1,20 +1,10 @@
 """`GRPOTrainer`: one ``step(states)`` = collect, advantages, update, counters, metrics, watchers.
 
-`GRPOTrainer.step` reads as the pipeline; each line is one part with one job, in the file named
-after it::
-
-    decisions = plan.decide(B)                  #    grpo/update/plan.py, once per step
-    batch = collector.collect(states)           # 1. grpo/experience_collector.py
-    adv   = self.advantages(batch)              # 2. grpo/advantage_estimator.py
-    update = run_update(parts, batch, adv, ...) # 3. grpo/update/loop.py over grpo/update/plan.py,
-                                                #    the backend (grpo/engine/) and grpo/update/guard.py
-    step_count += 1; maybe refresh reference    # 4.
-    metrics = backend.reduce_metrics(...)       # 5. grpo/metrics/
-    stall_watch.observe(metrics)                # 6. grpo/training/stall_watch.py
-    reward_shift.observe(metrics)               # 7. grpo/training/reward_shift.py
-
-The trainer composes the parts and holds the state they share (step count, RNG generator); it
-has no math of its own (the loss is `grpo.grpo_objective`). docs/architecture.md is the map.
+`GRPOTrainer.step` reads as the numbered pipeline; each line calls one part with one job, in the
+file named after it (1. grpo/experience_collector.py, 2. grpo/advantage_estimator.py, 3.
+grpo/update/ over the backend of grpo/engine/, 5. grpo/metrics/, 6.-7. grpo/training/). The
+trainer composes the parts and holds the state they share (step count, RNG generator); it has no
+math of its own. docs/architecture.md is the map.
 """
 
 from __future__ import annotations
@@ -22,57 +12,44 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from grpo.advantage_estimator import (
-    AdvantageEstimator,
-    AdvantageFn,
-    Advantages,
-    advantage_dtype,
-)
+from grpo.advantage_estimator import AdvantageEstimator, AdvantageFn, Advantages
 from grpo.algorithms.kl import KLFn
 from grpo.algorithms.policy_losses import PolicyLossFn
 from grpo.config import GRPOConfig
 from grpo.engine.backends import Backend
 from grpo.engine.lr_schedules import warn_short_schedule
-from grpo.engine.setup import (
-    check_lockstep,
-    reference_module,
-    refresh_reference,
-    setup_trainer,
-)
+from grpo.engine.setup import batch_size_problem, check_lockstep, refresh_reference, setup_trainer
 from grpo.experience_collector import ExperienceBatch, ExperienceCollector
 from grpo.generation.async_rollouts import PrefetchingEngine
 from grpo.generation.engine import GenerationEngine, engine_metrics
 from grpo.generation.setup import check_engine, make_engine
 from grpo.grpo_objective import GRPOObjective
 from grpo.metrics import StepCounts, empty_extremes_as_nan
-from grpo.policy_base import PolicyModel, entropy_request, has_method
+from grpo.policy_base import PolicyModel, has_method
 from grpo.reward_model_base import RewardModel
 from grpo.rollout.action_stats import action_metrics, success_metrics
-from grpo.runtime.threads import intra_op_threads, step_numerics, step_threads
+from grpo.runtime.threads import step_numerics
 from grpo.state.trainer_state import TrainerStateMixin
+from grpo.training.loop import TrainingLoopMixin
 from grpo.training.reward_shift import RewardShiftRestart
 from grpo.training.stall_watch import StallWatch
 from grpo.update.adaptive_lr import AdaptiveLR
 from grpo.update.guard import UpdateGuard
-from grpo.update.loop import FusedLoss, UpdateParts, run_update
+from grpo.update.loop import FusedLoss, run_update
 from grpo.update.plan import UpdateDecisions, UpdatePlan
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
-
-    from grpo.training.loop import TrainOptions, TrainState
+from grpo.update.setup import make_plan, make_update_parts
 
 __all__ = ["GRPOConfig", "GRPOTrainer"]
 
 logger = logging.getLogger(__name__)
 
 
-class GRPOTrainer(TrainerStateMixin):
+class GRPOTrainer(TrainerStateMixin, TrainingLoopMixin):
     """Trains any `PolicyModel` against any `RewardModel` with GRPO.
 
     Args:
@@ -120,6 +97,7 @@ class GRPOTrainer(TrainerStateMixin):
         self.reference_policy = run.reference_policy  # the KL term's (None without one)
         self.params, self.optimizer, self.scheduler = run.params, run.optimizer, run.scheduler
         self.backend: Backend | None = run.backend  # owns the optimizer step; None: nothing to train
+        self.step_threads, self._advantage_dtype = run.step_threads, run.advantage_dtype
         self.generator = torch.Generator().manual_seed(0 if config.seed is None else config.seed)
         self.advantage_estimator: AdvantageEstimator = AdvantageEstimator.from_config(config, advantage_fn)
         self.plan = self._plan()
@@ -130,7 +108,8 @@ class GRPOTrainer(TrainerStateMixin):
         component ``"async_rollouts"``; None without them."""
         self.objective = GRPOObjective.from_config(config, loss_fn=loss_fn, kl_fn=kl_fn)
         self.guard: UpdateGuard = UpdateGuard(config.non_finite)
-        self._update = self._update_parts()
+        self.fused_loss = self._fused_loss()  # use_liger_loss, checked even with nothing to train
+        self._update = make_update_parts(config, run, self.objective, self.plan, self.guard, self.fused_loss)
         self.step_count = 0
         self._closed = self._warned_nothing_to_train = self._warned_batch_size = False
         check_engine(config, self.collector.engine, self.policy, self.distributed)  # generation/setup.py
@@ -139,30 +118,17 @@ class GRPOTrainer(TrainerStateMixin):
         self.stall_watch = StallWatch.from_config(config, self.optimizer, self.scheduler)  # stall_watch.py
         if self.scheduler is not None:
             warn_short_schedule(config.lr_schedule, config.total_steps, config.optimizer_steps_per_step)
-        sharded = self.backend is not None and not self.backend.local_weights  # FSDP, DeepSpeed
-        self.reward_shift = RewardShiftRestart.from_config(  # step 7, or None; its state is checkpointed
-            config, self.params, sharded=sharded, optimizer=self.optimizer, scheduler=self.scheduler
-        )
+        self.reward_shift = RewardShiftRestart.from_config(config, run)  # step 7, or None; checkpointed
 
     def _plan(self) -> UpdatePlan:
-        """The update's plan (`grpo.update.plan`) and the numbers it runs with: the advantages'
-        dtype (float64 for float64 weights: their update is not computed from float32-rounded
-        advantages) and the intra-op threads of each step (`grpo.runtime.threads`)."""
-        cfg, groups = self.config, (self.optimizer.param_groups if self.optimizer is not None else [])
-        weights = [*self.params, *(p for g in groups for p in g["params"])]
-        self._advantage_dtype = advantage_dtype(weights)
-        self.step_threads = step_threads(cfg.num_threads, self.policy, weights, self.device)
+        """The update's plan (`grpo.update.setup.make_plan`); the behaviour log-probs are read
+        before the update for a KL in the reward, a mask, the reward-shift check."""
+        cfg = self.config
         self._kl_in_reward = cfg.kl_penalty == "reward" and cfg.kl_coeff > 0
-        return UpdatePlan(
-            num_epochs=cfg.num_epochs_per_update,
-            mini_batch_size=cfg.resolved_mini_batch_size,
-            micro_batch_size=cfg.resolved_micro_batch_size,
-            old_before_update=(  # read before the update: a KL in the reward, a mask, the shift check
-                self._kl_in_reward or self.advantage_estimator.needs_mask or cfg.reward_shift_z is not None
-            ),
-            rescales_gradients=self.backend is None or self.backend.rescales_gradients,
-            generator=self.generator,
+        old_before = (
+            self._kl_in_reward or self.advantage_estimator.needs_mask or cfg.reward_shift_z is not None
         )
+        return make_plan(cfg, self.backend, self.generator, old_before_update=old_before)
 
     def _collector(self, engine: GenerationEngine | None) -> ExperienceCollector:
         """Step 1's part: the rollout through ``engine`` (or the one the config names)."""
@@ -178,28 +144,6 @@ class GRPOTrainer(TrainerStateMixin):
             reward_timeout=cfg.reward_timeout,
             mask_truncated=cfg.mask_truncated_completions,
             engine=make_engine(cfg, self.policy, engine),  # record_old_log_probs: True (the default)
-        )
-
-    def _update_parts(self) -> UpdateParts | None:
-        """The parts of the update (None when there is nothing to train)."""
-        self.fused_loss = self._fused_loss()  # use_liger_loss, checked even with nothing to train
-        if self.backend is None or self.optimizer is None:
-            return None
-        return UpdateParts(
-            policy=self.policy,
-            objective=self.objective,
-            plan=self.plan,
-            backend=self.backend,
-            guard=self.guard,
-            params=self.params,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            device=self.device,
-            exact_entropy=entropy_request(self.policy, self.config.entropy_coeff),
-            sampler_is_cap=self.config.effective_sampler_is_cap,
-            adaptive_lr=AdaptiveLR.from_config(self.config, self.scheduler),
-            fused_loss=self.fused_loss,
-            sampler_correction=self.config.sampler_correction,
         )
 
     def _fused_loss(self) -> FusedLoss | None:
@@ -224,25 +168,17 @@ class GRPOTrainer(TrainerStateMixin):
 
         return LigerGRPOLoss(self.config, compiled=compile_liger_loss(self.device))
 
-    def _reference_module(self) -> Any:
-        return reference_module(self.reference_policy, self.backend)
-
     @property
     def adaptive_lr(self) -> AdaptiveLR | None:
-        """The controller of ``config.adaptive_lr_kl`` (`grpo.update.adaptive_lr`); None when off
-        or when nothing is trained."""
+        """``config.adaptive_lr_kl``'s controller (`grpo.update.adaptive_lr`); None: off or untrained."""
         return None if self._update is None else self._update.adaptive_lr
 
     # ---- the step -----------------------------------------------------------------------
     def step(self, states: Any, **generate_kwargs: Any) -> dict[str, float]:
-        """One GRPO step on ``states`` (a sequence of B states, or a Tensor (B, ...)), or on an
-        `ExperienceBatch` collected elsewhere (see `train_on_batch`).
-
-        Returns float metrics (names and meanings in docs/metrics.md, declared in
-        `grpo.metrics`). With ``config.flush_denormals`` (default) the step runs with subnormal
-        floats flushed to zero on CPU (`grpo.runtime.denormals`), and with ``step_threads``
-        intra-op threads (``config.num_threads``: one for a small CPU policy by default,
-        `grpo.runtime.threads`); both settings are restored afterwards.
+        """One GRPO step on ``states`` (B states: a sequence, or a Tensor (B, ...)), or on an
+        `ExperienceBatch` collected elsewhere (`train_on_batch`). Returns float metrics (meanings in
+        docs/metrics.md). Runs with subnormals flushed (``config.flush_denormals``) and
+        ``step_threads`` intra-op threads (`grpo.runtime.threads.step_numerics`), then restores both.
         """
         self._note_batch_size(states)
         with step_numerics(self.config.flush_denormals, self.step_threads):
@@ -265,12 +201,11 @@ class GRPOTrainer(TrainerStateMixin):
         """One GRPO step on groups collected elsewhere (logs, a real robot, another sampler):
         `step` with ``batch`` in place of its collection.
 
-        ``batch``: an `ExperienceBatch` from `ExperienceBatch.from_groups` (validated there) or
-        from `collect`. Missing reference log-probs are computed when a KL term needs them.
-        Without behaviour log-probs (``old_log_probs``) the actions are taken as sampled by the
-        current policy: its log-probs before the update are the behaviour log-probs (ratio 1 in
-        the first optimizer step), which is exact for on-policy data and an approximation for
-        off-policy data. Fed `step`'s own batch, the update is bitwise the same as `step`'s.
+        ``batch``: from `ExperienceBatch.from_groups` (validated there) or `collect`. Missing
+        reference log-probs are computed when a KL term needs them. Without behaviour log-probs
+        the current policy's before the update stand in (ratio 1 in the first optimizer step:
+        exact on-policy, an approximation off-policy). Fed `step`'s own batch, the update is
+        bitwise `step`'s.
         """
         if not isinstance(batch, ExperienceBatch):
             raise TypeError(
@@ -279,20 +214,15 @@ class GRPOTrainer(TrainerStateMixin):
             )
         return self.step(batch)
 
-    def _collect(
-        self, states: Any, decisions: UpdateDecisions, generate_kwargs: dict[str, Any]
-    ) -> ExperienceBatch:
+    def _collect(self, states: Any, decisions: UpdateDecisions, kwargs: dict[str, Any]) -> ExperienceBatch:
         """Step 1: the rollout of ``states``, recording behaviour log-probs only when the update
         needs them before its forwards; a batch collected elsewhere is completed instead."""
+        old = decisions.old_at_collection
         if isinstance(states, ExperienceBatch):
-            if generate_kwargs:
-                raise TypeError(f"step(batch) takes no generate kwargs, got {sorted(generate_kwargs)}.")
-            return self.collector.complete(
-                states, old=states.old_log_probs is None and decisions.old_at_collection
-            )
-        return self.collector.collect_for_update(
-            states, generate_kwargs, record_old=decisions.old_at_collection
-        )
+            if kwargs:
+                raise TypeError(f"step(batch) takes no generate kwargs, got {sorted(kwargs)}.")
+            return self.collector.complete(states, old=states.old_log_probs is None and old)
+        return self.collector.collect_for_update(states, kwargs, record_old=old)
 
     def _checked(self, states: Any) -> Any:
         """``states`` as the collector takes them (a batch as it is), or a clear error."""
@@ -308,9 +238,8 @@ class GRPOTrainer(TrainerStateMixin):
         self.sync_engine()
 
     def sync_engine(self) -> None:
-        """Give the generation engine (`grpo.generation`) the policy's current weights, tagged
-        with ``step_count``: after each update, after a checkpoint is loaded, after a restart
-        (nothing moves for the in-process engine)."""
+        """Give the generation engine the policy's weights, tagged with ``step_count`` (after each
+        update, a checkpoint's load, a restart; nothing moves for the in-process engine)."""
         self.collector.engine.sync(self.policy, self.step_count)
 
     def prefetch(self, states: Any) -> None:
@@ -364,33 +293,19 @@ class GRPOTrainer(TrainerStateMixin):
 
     def _note_batch_size(self, states: Any) -> None:
         """Warn once when ``step`` gets another number of states than ``config.batch_size``."""
-        sized = isinstance(states, (list, tuple)) or (isinstance(states, Tensor) and states.dim() > 0)
-        n, b = (len(states) if sized else 0), self.config.batch_size
-        if not n or n == b or self._warned_batch_size:
-            return
-        self._warned_batch_size = True
-        warnings.warn(
-            f"step() got {n} states but GRPOConfig.batch_size={b}; step() uses every state it is "
-            f"given. batch_size only sets how many states train() draws per step and the arithmetic "
-            f"of optimizer_steps_per_step / samples_per_step (the summary, total_steps). Warned once.",
-            UserWarning,
-            stacklevel=3,
-        )
+        problem = None if self._warned_batch_size else batch_size_problem(states, self.config.batch_size)
+        if problem is not None:
+            self._warned_batch_size = True
+            warnings.warn(problem, UserWarning, stacklevel=3)
 
     def _observe_reward_shift(
         self, batch: ExperienceBatch, adv: Advantages, metrics: dict[str, float]
     ) -> dict[str, float]:
-        """Step 7 (``config.reward_shift_z``): the restart rule reads the step's metrics and, while
-        a restart is on probation, the incumbent's advantages in the step's groups
-        (`grpo.training.reward_shift.incumbent_advantages`: one forward of the batch with the
-        incumbent's weights, summed over processes)."""
-        watch = self.reward_shift
-        if watch is None:
+        """Step 7 (``config.reward_shift_z``): the restart rule reads the step (`grpo.training.
+        reward_shift.RewardShiftRestart.observe_step`); the engine gets the weights it may change."""
+        if self.reward_shift is None:
             return metrics
-        world = 1 if self.distributed is None else self.distributed.world_size
-        local = watch.probation_sums(self.policy, batch, adv, self.device)
-        sums = None if local is None else (local if self.backend is None else self.backend.global_sum(local))
-        metrics = watch.observe(metrics, batch.num_samples * world, None if sums is None else sums.tolist())
+        metrics = self.reward_shift.observe_step(metrics, batch, adv)
         self.sync_engine()  # a restart (or its undoing) may have changed the weights
         return metrics
 
@@ -413,10 +328,8 @@ class GRPOTrainer(TrainerStateMixin):
         return run_update(self._update, batch, adv.values, adv.keep, decisions, self.step_count)
 
     def check_lockstep(self, states: Any) -> None:
-        """Refuse to step a closed trainer. Where every forward gathers partitioned weights
-        (``backend.lockstep_forwards``: DeepSpeed ZeRO-3) on several processes, all ranks must run
-        the same forwards: refuse different numbers of states before any of them (a clear error
-        on every rank instead of a hang)."""
+        """Refuse to step a closed trainer, and different numbers of states on the ranks where every
+        forward gathers partitioned weights (`grpo.engine.setup.check_lockstep`: DeepSpeed ZeRO-3)."""
         if self._closed:
             raise RuntimeError(
                 "this trainer was closed (close / grpo.engine.distributed.shutdown); build a new one"
@@ -426,8 +339,8 @@ class GRPOTrainer(TrainerStateMixin):
     # ---- the parts, one at a time ----------------------------------------------------------
     def collect(self, states: Any, **generate_kwargs: Any) -> ExperienceBatch:
         """Rollout only: G actions per state, rewards, behaviour log-probs (always recorded here;
-        `step` skips them when its update can take them from its first forwards, see
-        `grpo.update.plan`) and reference log-probs when a KL term is on."""
+        `step` skips them when its update takes them from its first forwards) and reference
+        log-probs when a KL term is on."""
         return self.collector.collect(states, **generate_kwargs)
 
     def advantages(self, batch: ExperienceBatch) -> Advantages:
@@ -472,39 +385,14 @@ class GRPOTrainer(TrainerStateMixin):
         self.collector.reference_policy = self.reference_policy
 
     def close(self) -> None:
-        """Release what the trainer holds outside itself (`grpo.engine.backends.Backend.close`:
-        DeepSpeed's engines, hooks and groups; nothing for the other backends). The trainer
-        cannot step afterwards; closing twice is a no-op. `grpo.engine.distributed.shutdown`
-        calls it before destroying the process group."""
-        if self.backend is not None and not self._closed:
-            self.backend.close()
+        """Release what the trainer holds outside itself (`grpo.engine.backends.Backend.close`,
+        the generation engine); it cannot step afterwards, closing twice is a no-op.
+        `grpo.engine.distributed.shutdown` calls it before destroying the process group."""
         if not self._closed:
+            if self.backend is not None:
+                self.backend.close()
             self.collector.engine.close()
         self._closed = True
-
-    # ---- training loop (grpo.training.loop) ---------------------------------------------
-    def evaluate(self, states: Any, *, seed: int | None = None, **generate_kwargs: Any) -> dict[str, float]:
-        """Mean reward of G sampled actions per state; no update, no weight change, RNGs untouched.
-
-        Returns ``eval/reward/{mean,std,min,max}``, ``eval/reward/<component>/mean`` and
-        ``time/eval`` over all ``n * G`` samples; see `grpo.training.loop.evaluate`.
-        """
-        from grpo.training.loop import evaluate
-
-        with intra_op_threads(self.step_threads):  # the step's thread policy (grpo/runtime/threads.py)
-            return evaluate(self, states, seed=seed, **generate_kwargs)
-
-    def train(self, states_source: Any, num_steps: int, **options: Unpack[TrainOptions]) -> TrainState:
-        """Run steps until ``step_count == num_steps``, with progress, evaluation, sinks and
-        checkpoints; the options (`grpo.training.loop.TrainOptions`: ``eval_states``,
-        ``eval_every``, ``eval_options``, ``callbacks``, ``sinks``, ``checkpoint_dir``,
-        ``resume_from``, ``progress``, ``log_every``) are those of `grpo.training.loop.train`,
-        which documents them. Returns its `grpo.training.loop.TrainState` (history, eval history,
-        checkpoints, stop reason).
-        """
-        from grpo.training.loop import train
-
-        return train(self, states_source, num_steps, **options)
 
 
 def _num_groups(states: Any) -> int:

@@ -57,9 +57,10 @@ def deepspeed_cli_worker(rank: int, world: int, out: Path) -> None:
     finally:
         cli.GRPOTrainer = original  # type: ignore[misc]
     from grpo.engine.deepspeed import DeepSpeedBackend, is_partitioned
+    from grpo.engine.setup import reference_module
 
     trainer = built[0]
-    reference = trainer._reference_module()  # None for LoRA (the adapter disabled)
+    reference = reference_module(trainer.reference_policy, trainer.backend)  # None for LoRA (adapter off)
     ran = {
         "stage": trainer.backend.stage if isinstance(trainer.backend, DeepSpeedBackend) else None,
         "partitioned": trainer.policy.is_partitioned,

@@ -61,7 +61,9 @@ def test_what_left_the_top_level_imports_from_its_module() -> None:
     from grpo.reward_model_base import CombinedReward
     from grpo.training.callbacks import Callback
 
-    assert all(callable(x) for x in (aggregation_normaliser, Backend, categorical_mlp, CombinedReward, Callback))
+    assert all(
+        callable(x) for x in (aggregation_normaliser, Backend, categorical_mlp, CombinedReward, Callback)
+    )
 
 
 PACKAGE = Path(grpo.__file__).resolve().parent

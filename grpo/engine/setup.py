@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from grpo.advantage_estimator import advantage_dtype
 from grpo.config import GRPOConfig
 from grpo.engine.backends import Backend, DataParallelBackend, LocalBackend
 from grpo.engine.deepspeed import (
@@ -51,10 +52,12 @@ from grpo.engine.optim import default_optimizer
 from grpo.experience_collector import same_device
 from grpo.policy_base import PolicyModel, check_policy, has_method, policy_parameters
 from grpo.reward_model_base import RewardModel, as_reward_model
+from grpo.runtime.threads import step_threads
 
 __all__ = [
     "BackendSetup",
     "TrainerSetup",
+    "batch_size_problem",
     "check_lockstep",
     "check_refreshable",
     "checked_inputs",
@@ -239,8 +242,10 @@ def _make_optimizer(
 class TrainerSetup:
     """Where a trainer runs and what its update steps: the device, the process group (None on
     one process), the policy and reward on the device, the trainable tensors with their optimizer
-    and LR schedule, the backend (None / empty when nothing is trained) and the reference policy
-    of the KL term (None without one)."""
+    and LR schedule, the backend (None / empty when nothing is trained), the reference policy
+    of the KL term (None without one), and the numbers of each step: the advantages' dtype
+    (float64 for float64 weights, so that their update is not computed from float32-rounded
+    advantages; None: the rewards') and the intra-op threads (`grpo.runtime.threads.step_threads`)."""
 
     device: torch.device
     distributed: DistributedSync | None
@@ -251,6 +256,8 @@ class TrainerSetup:
     scheduler: torch.optim.lr_scheduler.LRScheduler | None
     backend: Backend | None
     reference_policy: PolicyModel | None
+    advantage_dtype: torch.dtype | None
+    step_threads: int | None
 
 
 def setup_trainer(
@@ -271,6 +278,8 @@ def setup_trainer(
     reference = offered_reference(config, policy, reference_policy)
     copy_reference = config.kl_coeff > 0 and reference is None
     made = make_backend(config, policy, device, distributed, optimizer, copy_reference=copy_reference)
+    groups = made.optimizer.param_groups if made.optimizer is not None else []
+    weights = [*made.params, *(p for g in groups for p in g["params"])]
     return TrainerSetup(
         device=device,
         distributed=distributed,
@@ -281,6 +290,8 @@ def setup_trainer(
         scheduler=made.scheduler,
         backend=made.backend,
         reference_policy=make_reference(config, policy, reference, device, made.backend, made.reference_copy),
+        advantage_dtype=advantage_dtype(weights),
+        step_threads=step_threads(config.num_threads, policy, weights, device),
     )
 
 
@@ -381,6 +392,20 @@ def _frozen_copy(policy: PolicyModel) -> PolicyModel:
 
 def _deepspeed(backend: Backend | None) -> DeepSpeedBackend | None:
     return backend if isinstance(backend, DeepSpeedBackend) else None
+
+
+def batch_size_problem(states: Any, batch_size: int) -> str | None:
+    """Why a step on ``states`` (a list, tuple or Tensor of B states) is not what
+    ``GRPOConfig.batch_size`` plans for, or None (B equal to it, or not sized)."""
+    sized = isinstance(states, (list, tuple)) or (isinstance(states, Tensor) and states.dim() > 0)
+    n = len(states) if sized else 0
+    if not n or n == batch_size:
+        return None
+    return (
+        f"step() got {n} states but GRPOConfig.batch_size={batch_size}; step() uses every state it is "
+        f"given. batch_size only sets how many states train() draws per step and the arithmetic "
+        f"of optimizer_steps_per_step / samples_per_step (the summary, total_steps). Warned once."
+    )
 
 
 def check_lockstep(

@@ -81,6 +81,7 @@ __all__ = [
     "TrainOptions",
     "TrainState",
     "TrainerLike",
+    "TrainingLoopMixin",
     "evaluate",
     "iter_state_batches",
     "resume_problem",
@@ -104,6 +105,34 @@ class TrainOptions(TypedDict, total=False):
     resume_from: str | os.PathLike[str] | None
     progress: Progress
     log_every: int | None
+
+
+class TrainingLoopMixin:
+    """`GRPOTrainer.evaluate` and `GRPOTrainer.train`: the loop's entry points on the trainer (a
+    `TrainerLike`)."""
+
+    def evaluate(
+        self: TrainerLike, states: Any, *, seed: int | None = None, **generate_kwargs: Any
+    ) -> dict[str, float]:
+        """Mean reward of G sampled actions per state; no update, no weight change, RNGs untouched.
+
+        Returns ``eval/reward/{mean,std,min,max}``, ``eval/reward/<component>/mean`` and
+        ``time/eval`` over all ``n * G`` samples, run with the step's intra-op threads; see
+        `grpo.training.evaluation.evaluate`.
+        """
+        with intra_op_threads(self.step_threads):
+            return evaluate(self, states, seed=seed, **generate_kwargs)
+
+    def train(
+        self: TrainerLike, states_source: Any, num_steps: int, **options: Unpack[TrainOptions]
+    ) -> TrainState:
+        """Run steps until ``step_count == num_steps``, with progress, evaluation, sinks and
+        checkpoints; the options (`TrainOptions`: ``eval_states``, ``eval_every``,
+        ``eval_options``, ``callbacks``, ``sinks``, ``checkpoint_dir``, ``resume_from``,
+        ``progress``, ``log_every``) are those of `grpo.training.loop.train`, which documents
+        them. Returns its `TrainState` (history, eval history, checkpoints, stop reason).
+        """
+        return train(self, states_source, num_steps, **options)
 
 
 def train(

@@ -81,12 +81,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from grpo.policy_base import PolicyModel, set_training_mode
+from grpo.policy_base import set_training_mode
 from grpo.rollout.batch import ExperienceBatch, evaluate_log_probs
 from grpo.state.checks import optimizer_problem, scheduler_problem
 
 if TYPE_CHECKING:
     from grpo.advantage_estimator import Advantages
+    from grpo.engine.setup import TrainerSetup
 
 __all__ = [
     "CONFIRM_GROUPS",
@@ -229,37 +230,34 @@ class RewardShiftRestart:
         self.incumbent: list[Tensor] | None = None
         self.incumbent_optimizer: dict[str, Any] = {}  # their states at the restart ({}: none)
         self.incumbent_scheduler: dict[str, Any] = {}
+        self.run: TrainerSetup | None = None  # the trainer's (from_config): its policy, backend, ranks
         self.probe = [0.0, 0.0, 0.0]  # the probation's incumbent advantages: [sum, sum of squares, n]
         self.restarts = self.given_back = self.probation_steps = 0
         self._reset_statistics()
 
     @classmethod
-    def from_config(
-        cls,
-        config: Any,
-        params: Sequence[Tensor],
-        *,
-        sharded: bool = False,
-        optimizer: torch.optim.Optimizer | None = None,
-        scheduler: Any = None,
-    ) -> RewardShiftRestart | None:
-        """The trainer's restart rule (``GRPOConfig.reward_shift_z``), or None when it is off.
-        ``sharded``: the weights are partitioned over processes (FSDP, DeepSpeed): refused."""
+    def from_config(cls, config: Any, run: TrainerSetup) -> RewardShiftRestart | None:
+        """The restart rule (``GRPOConfig.reward_shift_z``) of a trainer set up as ``run``
+        (`grpo.engine.setup.TrainerSetup`: its weights, optimizer and schedule, and for
+        `observe_step` its policy, device, backend and processes), or None when it is off.
+        Weights partitioned over processes (FSDP, DeepSpeed) are refused."""
         if config.reward_shift_z is None:
             return None
-        if sharded:
+        if run.backend is not None and not run.backend.local_weights:
             raise ValueError(
                 "GRPOConfig.reward_shift_z keeps a copy of the starting weights and copies it back "
                 "into the policy, which needs the whole weights on every process: not with fsdp=True "
                 "or DeepSpeed. Set reward_shift_z=None (or deepspeed='off')."
             )
-        return cls(
-            params,
+        watch = cls(
+            run.params,
             z=config.reward_shift_z,
             settled_kl=config.reward_shift_kl,
-            optimizer=optimizer,
-            scheduler=scheduler,
+            optimizer=run.optimizer,
+            scheduler=run.scheduler,
         )
+        watch.run = run
+        return watch
 
     def _reset_statistics(self) -> None:
         self.fast = self.slow = self.spread = self.lo = self.hi = math.nan
@@ -285,18 +283,29 @@ class RewardShiftRestart:
             for p, v in zip(self.params, values, strict=True):
                 p.copy_(v)
 
-    def probation_sums(
-        self, policy: PolicyModel, batch: ExperienceBatch, advantages: Advantages, device: torch.device
-    ) -> Tensor | None:
+    def observe_step(
+        self, metrics: dict[str, float], batch: ExperienceBatch, advantages: Advantages
+    ) -> dict[str, float]:
+        """`observe` one trainer step: its reduced metrics over the ``batch``'s samples on every
+        process and, while a restart is on probation, the incumbent's advantages in its groups
+        (`probation_sums`, summed over processes). Needs the trainer's `from_config`."""
+        assert self.run is not None, "observe_step() needs a RewardShiftRestart.from_config(config, run)"
+        sums = self.probation_sums(batch, advantages)
+        if sums is not None and self.run.backend is not None:
+            sums = self.run.backend.global_sum(sums)
+        world = 1 if self.run.distributed is None else self.run.distributed.world_size
+        return self.observe(metrics, batch.num_samples * world, None if sums is None else sums.tolist())
+
+    def probation_sums(self, batch: ExperienceBatch, advantages: Advantages) -> Tensor | None:
         """This process's `incumbent_advantages` in ``batch``'s groups while a restart is on
         probation (one forward of the batch with the incumbent's weights, no grad), else None (no
-        probation, or a batch without behaviour log-probs). `observe` takes them summed over
-        processes."""
-        if self.incumbent is None or batch.old_log_probs is None:
+        probation, or a batch without behaviour log-probs)."""
+        if self.incumbent is None or batch.old_log_probs is None or self.run is None:
             return None
+        policy = self.run.policy
         with self.incumbent_weights():
             set_training_mode(policy, False)
-            inc = evaluate_log_probs(policy, batch, device=device, check_inf=False)
+            inc = evaluate_log_probs(policy, batch, device=self.run.device, check_inf=False)
         return incumbent_advantages(
             inc.log_probs,
             batch.old_log_probs,
