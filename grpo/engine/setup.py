@@ -156,14 +156,25 @@ def make_backend(
     if opt is None:
         return BackendSetup(params, None, None, None, reference_copy)
     sched = build_scheduler(
-        opt, config.lr_schedule, config.warmup_steps, config.total_steps, config.lr_min_ratio,
+        opt,
+        config.lr_schedule,
+        config.warmup_steps,
+        config.total_steps,
+        config.lr_min_ratio,
         adaptive=config.adaptive_lr_kl is not None,
-    )  # fmt: skip
+    )
     if ds_config is not None:
         ds = DeepSpeedBackend(
-            policy, params, opt, ds_config, max_grad_norm=config.max_grad_norm,
-            world_size=1 if sync is None else sync.world_size, device=device, scheduler=sched, sync=sync,
-        )  # fmt: skip
+            policy,
+            params,
+            opt,
+            ds_config,
+            max_grad_norm=config.max_grad_norm,
+            world_size=1 if sync is None else sync.world_size,
+            device=device,
+            scheduler=sched,
+            sync=sync,
+        )
         return BackendSetup(params, opt, sched, ds, reference_copy)
     backend: Backend
     if config.fsdp:

@@ -270,41 +270,25 @@ class TrainerStateMixin:
         """The backend's `grpo.engine.backends.ShardedWeights` when it shards the weights, else None."""
         return None if self.backend is None else self.backend.sharded_weights
 
-    def _sharded_policy_names(self, fsdp: ShardedWeights) -> dict[str, list[str]] | None:
-        """``policy_state`` key -> the sharded module's state-dict names it stands for (several for a
-        tied weight); None when the policy is the module itself (the keys are the names)."""
-        if self.policy is fsdp.module:
-            return None
-        if callable(getattr(self.policy, "state_dict", None)):
-            raise NotImplementedError(
-                f"under FSDP the trainer checkpoints a policy that is itself the sharded nn.Module, or "
-                f"one without state_dict() whose get_parameters() returns the module's parameters (as "
-                f"grpo.llm.CausalLMPolicy); {type(self.policy).__name__} has a state_dict() of its own "
-                f"around training_module(). Checkpoint the module yourself with "
-                f"trainer.backend.gathered_model_state_dict()."
-            )
-        raw: Any = self.policy.get_parameters()
-        items = raw.items() if isinstance(raw, Mapping) else enumerate(raw)
-        tensors = {str(k): v for k, v in items}
+    def _sharded_policy_state(self, sharded: ShardedWeights) -> dict[str, Any]:
+        """The policy's whole weights gathered by the backend (`ShardedWeights.policy_state`: on
+        rank 0, ``{}`` elsewhere); a collective. A policy it cannot map raises on every rank."""
         try:
-            return fsdp.state_dict_names(tensors)
+            sharded.check_policy(self.policy)
         except ValueError as e:
             raise CheckpointError(str(e)) from e
+        return sharded.policy_state(self.policy)
 
-    def _sharded_policy_state(self, fsdp: ShardedWeights) -> dict[str, Any]:
-        """The policy's full weights in `grpo.state.checkpoint.policy_state`'s format on rank 0 (``{}``
-        elsewhere); a collective."""
-        names = self._sharded_policy_names(fsdp)  # before the collective: raises on every rank alike
-        full = fsdp.gathered_model_state_dict()
-        if names is None or not full:
-            return full
-        return {k: full[n[0]] for k, n in names.items()}
-
-    def _sharded_load_state_dict(self, fsdp: ShardedWeights, state: Mapping[str, Any], source: str) -> None:
-        """`load_state_dict` under FSDP: every rank checks what it can (rank 0 also the weights
-        and the optimizer state), the verdicts are all-gathered, then the loads are collectives."""
-        names = self._sharded_policy_names(fsdp)
-        weights: dict[str, Any] = {}
+    def _sharded_load_state_dict(
+        self, sharded: ShardedWeights, state: Mapping[str, Any], source: str
+    ) -> None:
+        """`load_state_dict` where the backend shards the weights: every rank checks what it can,
+        then `ShardedWeights.load_policy_state` agrees over the ranks (rank 0 also checks the
+        weights and the optimizer state) and loads the weights; the rest loads as usual."""
+        try:
+            sharded.check_policy(self.policy)
+        except ValueError as e:
+            raise CheckpointError(str(e)) from e
         problem: str | None = None
         try:
             self._check_state(state, source)
@@ -312,28 +296,11 @@ class TrainerStateMixin:
             if ref is not None:
                 problem = weights_problem(policy_state(ref, "reference_policy"), state["reference_policy"])
                 problem = problem and f"{source}: reference_policy: {problem}"
-            if problem is None and fsdp.rank == 0:
-                given = state["policy"]
-                if names is None:
-                    weights = dict(given)
-                elif set(given) != set(names):
-                    problem = (
-                        f"{type(self.policy).__name__}.get_parameters() has tensors {sorted(names)[:8]} "
-                        f"but the checkpoint has {sorted(given)[:8]}"
-                    )
-                else:
-                    weights = {n: given[k] for k, ns in names.items() for n in ns}
-                problem = problem or fsdp.model_state_problem(weights, strict=names is None)
-                problem = problem or fsdp.optimizer_state_problem(state["optimizer"])
-                problem = problem and f"{source}: {problem}"
         except CheckpointError as e:
             problem = str(e)
-        verdicts: list[str | None] = [None] * fsdp.world_size
-        torch.distributed.all_gather_object(verdicts, problem)
-        first = next((v for v in verdicts if v is not None), None)
+        first = sharded.load_policy_state(self.policy, state, problem, source)
         if first is not None:
             raise CheckpointError(first)
-        fsdp.load_model_state_dict(weights, strict=names is None)
         if self.reference_policy is not None:
             load_policy_state(self.reference_policy, state["reference_policy"], "reference_policy")
         assert self.backend is not None

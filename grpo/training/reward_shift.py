@@ -363,9 +363,15 @@ class RewardShiftRestart:
             "from the starting weights on probation: the restarted policy's next %d steps judge "
             "the policy it replaces, which comes back if they still favour it (restart %d; "
             "GRPOConfig.reward_shift_z=None turns this off).",
-            score, self.fast, self.slow,
-            sum(self.kl) / len(self.kl), self.settled_kl, len(self.kl), PROBATION_STEPS, self.restarts + 1,
-        )  # fmt: skip
+            score,
+            self.fast,
+            self.slow,
+            sum(self.kl) / len(self.kl),
+            self.settled_kl,
+            len(self.kl),
+            PROBATION_STEPS,
+            self.restarts + 1,
+        )
         self.incumbent = [p.detach().clone() for p in self.params]
         if self.optimizer is not None:
             self.incumbent_optimizer = copy.deepcopy(self.optimizer.state_dict())
@@ -393,8 +399,10 @@ class RewardShiftRestart:
                 "reward shift: the restarted policy's %d groups still favour the policy it replaced "
                 "(its mean advantage in them %.3g, %.3g standard errors above 0): the task got harder "
                 "or its rewards were rescaled, not changed; giving that policy back.",
-                n, mean, z,
-            )  # fmt: skip
+                n,
+                mean,
+                z,
+            )
             self._load(self.incumbent)
             if self.optimizer is not None and self.incumbent_optimizer:
                 self.optimizer.load_state_dict(self.incumbent_optimizer)
@@ -408,8 +416,10 @@ class RewardShiftRestart:
                 "reward shift: the restarted policy's %d groups do not favour the policy it replaced "
                 "(its mean advantage in them %.3g, %.3g standard errors): the task changed; the restart "
                 "stands.",
-                n, mean, z,
-            )  # fmt: skip
+                n,
+                mean,
+                z,
+            )
         self.incumbent, self.incumbent_optimizer, self.incumbent_scheduler = None, {}, {}
         return z > CONFIRM_Z
 

@@ -170,9 +170,12 @@ class StallWatch:
     def from_config(cls, config: Any, optimizer: Any = None, scheduler: Any = None) -> StallWatch:
         """A watch with the default thresholds and ``config``'s ``kl_coeff`` / ``entropy_coeff``."""
         return cls(
-            kl_coeff=config.kl_coeff, entropy_coeff=config.entropy_coeff, optimizer=optimizer,
-            scheduler=scheduler, optimizer_steps_per_step=config.optimizer_steps_per_step,
-        )  # fmt: skip
+            kl_coeff=config.kl_coeff,
+            entropy_coeff=config.entropy_coeff,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            optimizer_steps_per_step=config.optimizer_steps_per_step,
+        )
 
     def observe(self, metrics: M) -> M:
         """Read one step's metrics (`grpo.metrics` names); warn on a stall. Returns ``metrics``."""
@@ -219,8 +222,9 @@ class StallWatch:
                 "solved: for the last %d steps every sample reached the highest reward seen (%s); "
                 "nothing is left to learn from these states: stop (EarlyStopping on "
                 "eval/reward/mean) or train on harder ones.",
-                len(self._flat), values,
-            )  # fmt: skip
+                len(self._flat),
+                values,
+            )
             return
         self._warn(self._flat_message())
 
@@ -303,9 +307,11 @@ class StallWatch:
                 "its rewards are at their best (running mean %s), so its updates have become "
                 "vanishingly small (optim/update_ratio %s). Success, not a stall: stop (EarlyStopping "
                 "on eval/reward/mean) or train on harder states.",
-                _fmt(metrics.get("policy/entropy", math.nan)), _fmt(CONVERGED_ENTROPY),
-                _fmt(self.reward_ema), _fmt(metrics.get("optim/update_ratio", math.nan)),
-            )  # fmt: skip
+                _fmt(metrics.get("policy/entropy", math.nan)),
+                _fmt(CONVERGED_ENTROPY),
+                _fmt(self.reward_ema),
+                _fmt(metrics.get("optim/update_ratio", math.nan)),
+            )
         else:
             self._warn(self._update_message())
 
