@@ -20,7 +20,7 @@ Implementations:
 * `grpo.engine.fsdp.FSDPBackend`: PyTorch FSDP2 (``fully_shard``) for ``nn.Module`` policies.
 
 Adding one: implement the `Backend` protocol, then choose it in
-`grpo.trainer.GRPOTrainer._make_backend` (docs/architecture.md, "How to add a backend").
+`grpo.engine.setup.make_backend` (docs/architecture.md, "How to add a backend").
 """
 
 from __future__ import annotations
