@@ -129,7 +129,7 @@ def _dist_run(kind: str, rank: int, world: int, out: Path) -> None:
     else:
         stage = 2 if kind == "deepspeed_zero2" else 3
         cfg = {"zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
-        path = out / f"ds-{kind}.json"
+        path = out / f"ds-{kind}-rank{rank}.json"  # one file a rank: a shared one raced (half-written JSON)
         path.write_text(json.dumps(cfg | {"gradient_clipping": "auto"}))
         extra |= {"deepspeed": str(path)}
     trainer: Any = build("bandit_deferred", LOCAL_B, **extra)

@@ -23,6 +23,7 @@ from grpo.algorithms.advantages import (
 )
 from grpo.algorithms.aggregation import AGGREGATIONS, Aggregation
 from grpo.algorithms.kl import KL_ESTIMATORS, KLEstimator
+from grpo.algorithms.loss_plugins import loss_plugin
 from grpo.algorithms.policy_losses import POLICY_LOSSES, PolicyLossName
 from grpo.algorithms.sampler_correction import SAMPLER_CORRECTIONS, SamplerCorrection
 from grpo.runtime.threads import SMALL_POLICY_ELEMENTS, NumThreads
@@ -35,10 +36,8 @@ DistributedMode = Literal["auto", "off"]  # grpo.engine.distributed.setup_distri
 DISTRIBUTED_MODES: tuple[str, ...] = ("auto", "off")
 
 __all__ = [
-    "LIGER_LOSS_TYPES",
     "SEED_KEYWORDS",
     "GRPOConfig",
-    "liger_config_problems",
     "translate_seed_keywords",
 ]
 
@@ -496,7 +495,7 @@ class GRPOConfig:
             "(grpo.llm.liger.LigerGRPOLoss: the policy's last hidden states and LM head weight, "
             "chunked; pip install liger-kernel) instead of log-probs + the objective. Needs a "
             "policy with lm_head_inputs (grpo.llm.CausalLMPolicy) and the settings Liger computes "
-            "(grpo.config.liger_config_problems names the others). Not reported with it: "
+            "(grpo.llm.liger.liger_config_problems names the others). Not reported with it: "
             "loss/policy, loss/kl, loss/entropy, kl/old, policy/entropy, ratio/*, the split "
             "clip/frac_low / clip/frac_high (clip/frac gives their sum)."
         ),
@@ -902,7 +901,8 @@ class GRPOConfig:
         self._check_bool("use_liger_loss")
         if not self.use_liger_loss:
             return
-        problems = liger_config_problems(self)
+        plugin = loss_plugin("liger")  # registered by grpo.llm.liger; if not yet, the trainer checks
+        problems = plugin.problems(self) if plugin is not None else []
         if problems:
             raise self._bad(
                 "use_liger_loss",
@@ -1047,43 +1047,3 @@ def _init_naming_unknown_fields(self: GRPOConfig, *args: Any, **kwargs: Any) -> 
 
 
 GRPOConfig.__init__ = _init_naming_unknown_fields  # type: ignore[method-assign]
-
-
-# ---- Liger's fused loss: what it computes (grpo.llm.liger) -------------------------------------
-# grpo's loss_aggregation -> Liger's loss_type
-LIGER_LOSS_TYPES: dict[str, str] = {
-    "token-mean": "bnpo",
-    "seq-mean-token-mean": "grpo",
-    "seq-mean-token-sum-norm": "dr_grpo",
-}
-_LOSSES = ("clip", "gspo", "cispo")
-
-
-def liger_config_problems(config: GRPOConfig) -> list[str]:
-    """What ``config`` asks for that Liger's fused GRPO loss (`grpo.llm.liger`) does not compute
-    (empty: none), each as "setting: why / what to set". Here, not in `grpo.llm.liger`, so that
-    validating a config imports nothing of the LLM path."""
-    c = config
-    out: list[str] = []
-    if c.policy_loss not in _LOSSES:
-        out.append(f"policy_loss={c.policy_loss!r}: Liger covers {_LOSSES}")
-    if c.policy_loss == "cispo" and c.clip_epsilon != 1.0:
-        out.append(f"clip_epsilon={c.clip_epsilon!r} with 'cispo': Liger's CISPO has no lower bound; set 1.0")
-    if c.loss_aggregation not in LIGER_LOSS_TYPES:
-        out.append(f"loss_aggregation={c.loss_aggregation!r}: Liger covers {tuple(LIGER_LOSS_TYPES)}")
-    if c.policy_loss == "cispo" and c.loss_aggregation != "token-mean":
-        out.append("'cispo' in Liger normalises per token (DAPO); set loss_aggregation='token-mean'")
-    if c.entropy_coeff != 0.0:
-        out.append(f"entropy_coeff={c.entropy_coeff!r}: Liger's loss has no entropy term; set 0")
-    if c.dual_clip:
-        out.append("dual_clip=True: Liger has no dual clip; set False")
-    if c.kl_coeff != 0.0 and c.kl_penalty != "reward" and (c.kl_estimator != "k3" or c.kl_penalty != "loss"):
-        out.append(
-            f"kl_estimator={c.kl_estimator!r}, kl_penalty={c.kl_penalty!r}: Liger's KL term is k3 in "
-            "the loss; set kl_estimator='k3', kl_penalty='loss' (or kl_coeff=0)"
-        )
-    if c.sampler_is_cap is not None:
-        out.append("sampler_is_cap: Liger's loss takes no importance weights; set None")
-    if c.adaptive_lr_kl is not None:
-        out.append("adaptive_lr_kl: needs kl/old, which Liger's loss does not report; set None")
-    return out

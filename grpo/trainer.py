@@ -19,6 +19,7 @@ from torch import Tensor
 
 from grpo.advantage_estimator import AdvantageEstimator, AdvantageFn, Advantages
 from grpo.algorithms.kl import KLFn
+from grpo.algorithms.loss_plugins import loss_plugin
 from grpo.algorithms.policy_losses import PolicyLossFn
 from grpo.config import GRPOConfig
 from grpo.engine.backends import Backend
@@ -147,9 +148,10 @@ class GRPOTrainer(TrainerStateMixin, TrainingLoopMixin):
         )
 
     def _fused_loss(self) -> FusedLoss | None:
-        """``GRPOConfig.use_liger_loss``: Liger's fused GRPO loss (`grpo.llm.liger.LigerGRPOLoss`)
-        on the policy's ``lm_head_inputs``, or None. The config's settings were checked by
-        `GRPOConfig`; here the policy, user loss functions and the package (ImportError)."""
+        """``GRPOConfig.use_liger_loss``: Liger's fused GRPO loss (the loss plugin ``"liger"``,
+        `grpo.llm.liger.LigerGRPOLoss`) on the policy's ``lm_head_inputs``, or None. Here the
+        policy and user loss functions; building it checks the config's settings (ValueError) and
+        the package (ImportError)."""
         if not self.config.use_liger_loss:
             return None
         if self.objective.loss_fn is not None or self.objective.kl_fn is not None:
@@ -164,9 +166,14 @@ class GRPOTrainer(TrainerStateMixin, TrainingLoopMixin):
                 f"grpo.llm.policy.LMHeadInputs (grpo.llm.CausalLMPolicy has it). Set "
                 f"use_liger_loss=False for this policy."
             )
-        from grpo.llm.liger import LigerGRPOLoss, compile_liger_loss  # ImportError names liger-kernel
-
-        return LigerGRPOLoss(self.config, compiled=compile_liger_loss(self.device))
+        plugin = loss_plugin("liger")  # registered by grpo.llm.liger (import grpo.llm)
+        if plugin is None:
+            raise ImportError(
+                "GRPOConfig(use_liger_loss=True): Liger's loss is registered by grpo.llm, which is not "
+                "imported; import grpo.llm (pip install liger-kernel too) or set use_liger_loss=False."
+            )
+        fused: FusedLoss = plugin.build(self.config, self.device)  # ImportError names liger-kernel
+        return fused
 
     @property
     def adaptive_lr(self) -> AdaptiveLR | None:

@@ -189,6 +189,36 @@ def test_liger_config_problems_name_each_setting_liger_does_not_compute() -> Non
             LigerGRPOLoss(GRPOConfig(**settings))  # type: ignore[arg-type]
 
 
+def test_the_core_imports_no_liger_code_and_finds_the_loss_by_name() -> None:
+    """Liger's loss and its table of what it computes live in grpo.llm.liger; no module outside
+    grpo/llm imports it (function-local imports included): the trainer and the config's check find
+    it as the loss plugin "liger", which ``import grpo.llm`` registers."""
+    import ast
+
+    import grpo
+    import grpo.llm  # registers the plugin
+    from grpo.algorithms.loss_plugins import loss_plugin
+    from grpo.llm import liger
+
+    root = Path(grpo.__file__).parent
+    for path in root.rglob("*.py"):
+        if path.is_relative_to(root / "llm"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)]
+            assert not any(n.startswith("grpo.llm.liger") for n in names), (path, names)
+    assert not hasattr(importlib.import_module("grpo.config"), "liger_config_problems")
+    plugin = loss_plugin("liger")
+    assert plugin is not None
+    assert plugin.problems is liger.liger_config_problems
+    assert plugin.build is liger.build_liger_loss
+    assert liger.liger_config_problems(GRPOConfig(entropy_coeff=0.01, use_liger_loss=False)) == [
+        "entropy_coeff=0.01: Liger's loss has no entropy term; set 0"
+    ]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is not None, reason="liger-kernel installed")
 def test_liger_loss_without_the_package_says_how_to_install() -> None:
     from grpo.llm.liger import LigerGRPOLoss

@@ -40,6 +40,7 @@ except ImportError as _e:  # pragma: no cover - exercised in a subprocess test
         f"Install the LLM extra: {_install_hint('llm')}"
     ) from _e
 
+from grpo.llm import liger as _liger  # noqa: F401  (registers Liger's loss: use_liger_loss)
 from grpo.llm.checkpoint import LoadedCheckpoint, load_llm_checkpoint, save_llm_checkpoint
 from grpo.llm.data import PromptBatches, PromptDataset, ShuffledRecords, prompt_text
 from grpo.llm.logprobs import chunked_token_logprobs, naive_token_logprobs
