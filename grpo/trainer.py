@@ -105,8 +105,7 @@ class GRPOTrainer(TrainerStateMixin, TrainingLoopMixin):
         self.collector = self._collector(engine)
         prefetching = self.collector.engine
         self.async_rollouts = prefetching if isinstance(prefetching, PrefetchingEngine) else None
-        """The engine of async rollouts (``config.async_staleness >= 1``), checkpointed as the
-        component ``"async_rollouts"``; None without them."""
+        """Async rollouts' engine (``async_staleness >= 1``; component ``"async_rollouts"``) or None."""
         self.objective = GRPOObjective.from_config(config, loss_fn=loss_fn, kl_fn=kl_fn)
         self.guard: UpdateGuard = UpdateGuard(config.non_finite)
         self.fused_loss = self._fused_loss()  # use_liger_loss, checked even with nothing to train
@@ -117,18 +116,15 @@ class GRPOTrainer(TrainerStateMixin, TrainingLoopMixin):
         if self.collector.engine.owns_weights:
             self.sync_engine()  # the initial weights, version 0
         self.stall_watch = StallWatch.from_config(config, self.optimizer, self.scheduler)  # stall_watch.py
-        if self.scheduler is not None:
-            warn_short_schedule(config.lr_schedule, config.total_steps, config.optimizer_steps_per_step)
+        warn_short_schedule(config, self.scheduler)
         self.reward_shift = RewardShiftRestart.from_config(config, run)  # step 7, or None; checkpointed
 
     def _plan(self) -> UpdatePlan:
         """The update's plan (`grpo.update.setup.make_plan`); the behaviour log-probs are read
         before the update for a KL in the reward, a mask, the reward-shift check."""
         cfg = self.config
-        self._kl_in_reward = cfg.kl_penalty == "reward" and cfg.kl_coeff > 0
-        old_before = (
-            self._kl_in_reward or self.advantage_estimator.needs_mask or cfg.reward_shift_z is not None
-        )
+        kl_in_reward = self._kl_in_reward = cfg.kl_penalty == "reward" and cfg.kl_coeff > 0
+        old_before = kl_in_reward or self.advantage_estimator.needs_mask or cfg.reward_shift_z is not None
         return make_plan(cfg, self.backend, self.generator, old_before_update=old_before)
 
     def _collector(self, engine: GenerationEngine | None) -> ExperienceCollector:
@@ -250,9 +246,8 @@ class GRPOTrainer(TrainerStateMixin, TrainingLoopMixin):
         self.collector.engine.sync(self.policy, self.step_count)
 
     def prefetch(self, states: Any) -> None:
-        """Async rollouts (``config.async_staleness >= 1``): submit the generation of ``states``
-        now, to be taken by a later ``step(states)`` with the same object (`train` calls this k
-        steps ahead; `grpo.generation.async_rollouts`)."""
+        """Async rollouts: submit the generation of ``states`` now, for a later ``step(states)`` with
+        the same object (`train` calls it k steps ahead; `grpo.generation.async_rollouts`)."""
         if self.async_rollouts is None:
             raise RuntimeError(
                 "prefetch() needs async rollouts: GRPOConfig(async_staleness=K >= 1) with an engine "
@@ -261,8 +256,7 @@ class GRPOTrainer(TrainerStateMixin, TrainingLoopMixin):
         self.async_rollouts.prefetch(self._checked(states), self.config.group_size)
 
     def discard_prefetched(self) -> int:
-        """Wait for and drop the generations `prefetch` submitted that no step took (the end of
-        a run); returns how many. 0 without async rollouts."""
+        """Wait for and drop the generations `prefetch` submitted that no step took; how many."""
         return 0 if self.async_rollouts is None else self.async_rollouts.discard_pending()
 
     def _metrics(
@@ -392,9 +386,8 @@ class GRPOTrainer(TrainerStateMixin, TrainingLoopMixin):
         self.collector.reference_policy = self.reference_policy
 
     def close(self) -> None:
-        """Release what the trainer holds outside itself (`grpo.engine.backends.Backend.close`,
-        the generation engine); it cannot step afterwards, closing twice is a no-op.
-        `grpo.engine.distributed.shutdown` calls it before destroying the process group."""
+        """Release the backend's (`grpo.engine.backends.Backend.close`) and the generation engine's
+        resources; no step afterwards, closing twice is a no-op (`grpo.engine.distributed.shutdown`)."""
         if not self._closed:
             if self.backend is not None:
                 self.backend.close()

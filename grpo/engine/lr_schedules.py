@@ -27,7 +27,7 @@ import warnings
 
 import torch
 
-from grpo.config import LR_SCHEDULES, LRScheduleName
+from grpo.config import LR_SCHEDULES, GRPOConfig, LRScheduleName
 
 __all__ = ["LRSchedule", "build_scheduler", "schedule_length_problem", "warn_short_schedule"]
 
@@ -151,9 +151,12 @@ def schedule_length_problem(
     )
 
 
-def warn_short_schedule(name: str, total_steps: int | None, optimizer_steps_per_step: int) -> None:
-    """Warn, at the caller of the trainer's constructor, when a decaying schedule ends within a
-    few trainer steps (`schedule_length_problem`; ``total_steps`` counts optimizer steps)."""
-    problem = schedule_length_problem(name, total_steps, optimizer_steps_per_step)
+def warn_short_schedule(config: GRPOConfig, scheduler: object) -> None:
+    """Warn, at the caller of the trainer's constructor, when ``config``'s decaying schedule ends
+    within a few trainer steps (`schedule_length_problem`; ``total_steps`` counts optimizer
+    steps). Nothing without a ``scheduler``."""
+    if scheduler is None:
+        return
+    problem = schedule_length_problem(config.lr_schedule, config.total_steps, config.optimizer_steps_per_step)
     if problem is not None:
         warnings.warn(problem, UserWarning, stacklevel=3)
