@@ -96,14 +96,14 @@ def gym() -> str:
 
 def tiny_lm() -> str:
     from grpo import GRPOConfig, GRPOTrainer
-    from grpo.llm import CausalLMPolicy
+    from grpo.llm import CausalLMPolicy, SamplingSettings
     from grpo.llm.tiny import build_tiny_model, build_tiny_tokenizer
 
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as d:
         tok = build_tiny_tokenizer(d, pad_is_eos=True)
         model = build_tiny_model(d, tok, arch="qwen2", hidden=32, layers=2, heads=4, seed=0)
-        policy = CausalLMPolicy(model, tok, max_new_tokens=6, temperature=1.0)
+        policy = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=6, temperature=1.0))
 
     def reward(prompts: list[str], completions: list[Any]) -> list[float]:
         return [float(c.text.count("a")) - 0.1 * len(c.text) for c in completions]

@@ -428,8 +428,19 @@ class GRPOConfig:
         default=False,
         metadata=_help(
             "Drop groups whose rewards are all equal from the loss (their GRPO advantage is 0) and "
-            "from the loss normaliser (DAPO dynamic-sampling filter, without resampling). Logged "
-            "as advantage/frac_dropped_groups."
+            "from the loss normaliser (DAPO dynamic-sampling filter; max_sampling_draws > 1 also "
+            "refills the batch). Logged as advantage/frac_dropped_groups."
+        ),
+    )
+    max_sampling_draws: int = field(
+        default=1,
+        metadata=_help(
+            "Dynamic sampling with back-fill (with drop_zero_variance_groups=True; DAPO, verl's "
+            "filter_groups): a step draws up to this many batches of states until it holds B groups "
+            "with mixed rewards (max > min in the group), the first B found in draw order. At the "
+            "cap it trains on the mixed groups found, topped up with all-equal groups that "
+            "drop_zero_variance_groups leaves out of the loss, and warns. Needs a source of states: "
+            "train(), or step(states, more_states=...). 1 = no back-fill. Logged as sampling/*."
         ),
     )
     reward_combination: RewardCombination = field(
@@ -945,6 +956,20 @@ class GRPOConfig:
                 "KL-based advantage shaping subtracts kl_coeff * KL from the advantages, and "
                 "kl_coeff=0 makes it a no-op (no reference policy is even built)",
                 " Set kl_coeff > 0 (e.g. 0.04), or kl_penalty='loss'.",
+            )
+        self._check_int("max_sampling_draws", 1)
+        if self.max_sampling_draws > 1 and not self.drop_zero_variance_groups:
+            raise self._bad(
+                "max_sampling_draws",
+                "back-fill replaces the groups drop_zero_variance_groups drops, and it is off",
+                " Set drop_zero_variance_groups=True (dynamic sampling), or max_sampling_draws=1.",
+            )
+        if self.max_sampling_draws > 1 and self.async_staleness > 0:
+            raise self._bad(
+                "max_sampling_draws",
+                "back-fill draws states while the step runs, but async rollouts "
+                f"(async_staleness={self.async_staleness}) generate each batch steps ahead",
+                " Use async_staleness=0 with dynamic sampling, or max_sampling_draws=1.",
             )
         if self.dual_clip and self.policy_loss not in ("clip", "gspo"):
             raise self._bad(

@@ -34,6 +34,7 @@ from grpo.metrics import StepCounts, empty_extremes_as_nan
 from grpo.policy_base import PolicyModel, has_method
 from grpo.reward_model_base import RewardModel
 from grpo.rollout.action_stats import action_metrics, success_metrics
+from grpo.rollout.dynamic_sampling import MoreStates
 from grpo.runtime.threads import step_numerics
 from grpo.state.trainer_state import TrainerStateMixin
 from grpo.training.loop import TrainingLoopMixin
@@ -102,10 +103,19 @@ class GRPOTrainer(TrainerStateMixin, TrainingLoopMixin):
         self.generator = torch.Generator().manual_seed(0 if config.seed is None else config.seed)
         self.advantage_estimator: AdvantageEstimator = AdvantageEstimator.from_config(config, advantage_fn)
         self.plan = self._plan()
-        self.collector = self._collector(engine)
+        self.collector = ExperienceCollector.from_config(
+            config,
+            self.policy,
+            self.reward_model,
+            self.device,
+            self.reference_policy,
+            make_engine(config, self.policy, engine),
+        )
         prefetching = self.collector.engine
         self.async_rollouts = prefetching if isinstance(prefetching, PrefetchingEngine) else None
         """Async rollouts' engine (``async_staleness >= 1``; component ``"async_rollouts"``) or None."""
+        self.dynamic_sampling = self.collector.draws if config.max_sampling_draws > 1 else None
+        """Dynamic sampling's draw counter (``max_sampling_draws > 1``; checkpointed) or None."""
         self.objective = GRPOObjective.from_config(config, loss_fn=loss_fn, kl_fn=kl_fn)
         self.guard: UpdateGuard = UpdateGuard(config.non_finite)
         self.fused_loss = self._fused_loss()  # use_liger_loss, checked even with nothing to train
@@ -120,28 +130,11 @@ class GRPOTrainer(TrainerStateMixin, TrainingLoopMixin):
         self.reward_shift = RewardShiftRestart.from_config(config, run)  # step 7, or None; checkpointed
 
     def _plan(self) -> UpdatePlan:
-        """The update's plan (`grpo.update.setup.make_plan`); the behaviour log-probs are read
-        before the update for a KL in the reward, a mask, the reward-shift check."""
+        """The update's plan (`grpo.update.setup.make_plan`); old log-probs first: KL reward, mask, shift."""
         cfg = self.config
         kl_in_reward = self._kl_in_reward = cfg.kl_penalty == "reward" and cfg.kl_coeff > 0
         old_before = kl_in_reward or self.advantage_estimator.needs_mask or cfg.reward_shift_z is not None
         return make_plan(cfg, self.backend, self.generator, old_before_update=old_before)
-
-    def _collector(self, engine: GenerationEngine | None) -> ExperienceCollector:
-        """Step 1's part: the rollout through ``engine`` (or the one the config names)."""
-        cfg = self.config
-        return ExperienceCollector(
-            self.policy,
-            self.reward_model,
-            cfg.group_size,
-            self.device,
-            reference_policy=self.reference_policy,
-            invalid_rewards=cfg.invalid_rewards,
-            record_sampler_log_probs=cfg.effective_sampler_is_cap is not None,
-            reward_timeout=cfg.reward_timeout,
-            mask_truncated=cfg.mask_truncated_completions,
-            engine=make_engine(cfg, self.policy, engine),  # record_old_log_probs: True (the default)
-        )
 
     def _fused_loss(self) -> FusedLoss | None:
         """``GRPOConfig.use_liger_loss``: Liger's fused GRPO loss (the loss plugin ``"liger"``,
@@ -177,11 +170,14 @@ class GRPOTrainer(TrainerStateMixin, TrainingLoopMixin):
         return None if self._update is None else self._update.adaptive_lr
 
     # ---- the step -----------------------------------------------------------------------
-    def step(self, states: Any, **generate_kwargs: Any) -> dict[str, float]:
+    def step(
+        self, states: Any, *, more_states: MoreStates | None = None, **generate_kwargs: Any
+    ) -> dict[str, float]:
         """One GRPO step on ``states`` (B states: a sequence, or a Tensor (B, ...)), or on an
-        `ExperienceBatch` collected elsewhere (`train_on_batch`). Returns float metrics (meanings in
-        docs/metrics.md). Runs with subnormals flushed (``config.flush_denormals``) and
-        ``step_threads`` intra-op threads (`grpo.runtime.threads.step_numerics`), then restores both.
+        `ExperienceBatch` collected elsewhere (`train_on_batch`); ``more_states() -> states | None``
+        feeds dynamic sampling's back-fill (``max_sampling_draws > 1``). Returns float metrics
+        (docs/metrics.md). Runs with subnormals flushed (``flush_denormals``) and ``step_threads``
+        intra-op threads (`grpo.runtime.threads.step_numerics`), restored afterwards.
         """
         self._note_batch_size(states)
         with step_numerics(self.config.flush_denormals, self.step_threads):
@@ -190,7 +186,7 @@ class GRPOTrainer(TrainerStateMixin, TrainingLoopMixin):
             self.check_lockstep(states)
             states = self._checked(states)
             decisions = self.plan.decide(_num_groups(states))  # the update's shortcuts, decided once
-            batch = self._collect(states, decisions, generate_kwargs)  # 1. G actions, rewards, log-probs
+            batch = self._collect(states, decisions, generate_kwargs, more_states)  # 1. the rollout
             adv = self.advantages(batch)  # 2. group-relative advantages and reward statistics
             t1 = time.perf_counter()
             update, valid_steps = self._run_update(batch, adv, decisions)  # 3. the update
@@ -217,15 +213,18 @@ class GRPOTrainer(TrainerStateMixin, TrainingLoopMixin):
             )
         return self.step(batch)
 
-    def _collect(self, states: Any, decisions: UpdateDecisions, kwargs: dict[str, Any]) -> ExperienceBatch:
+    def _collect(
+        self, states: Any, decisions: UpdateDecisions, kwargs: dict[str, Any], more: MoreStates | None
+    ) -> ExperienceBatch:
         """Step 1: the rollout of ``states``, recording behaviour log-probs only when the update
         needs them before its forwards; a batch collected elsewhere is completed instead."""
         old = decisions.old_at_collection
         if isinstance(states, ExperienceBatch):
-            if kwargs:
-                raise TypeError(f"step(batch) takes no generate kwargs, got {sorted(kwargs)}.")
+            if kwargs or more is not None:
+                got = sorted(kwargs) + (["more_states"] if more is not None else [])
+                raise TypeError(f"step(batch) takes no generate kwargs or more_states, got {got}.")
             return self.collector.complete(states, old=states.old_log_probs is None and old)
-        return self.collector.collect_for_update(states, kwargs, record_old=old)
+        return self.collector.collect_for_update(states, kwargs, record_old=old, more_states=more)
 
     def _checked(self, states: Any) -> Any:
         """``states`` as the collector takes them (a batch as it is), or a clear error."""
@@ -277,6 +276,7 @@ class GRPOTrainer(TrainerStateMixin, TrainingLoopMixin):
         self.last_batch, self.last_advantages = batch, adv
         metrics = adv.metrics() | update | action_metrics(batch.actions) | success_metrics(batch.actions)
         metrics |= engine_metrics(self.collector.engine, batch.policy_versions, self.step_count - 1)
+        metrics |= batch.sampling  # sampling/* with dynamic sampling
         if lr is not None:
             metrics["optim/lr"] = lr
         metrics.update({f"time/{k}": v for k, v in batch.timings.items()})
@@ -365,7 +365,7 @@ class GRPOTrainer(TrainerStateMixin, TrainingLoopMixin):
             )
         with step_numerics(self.config.flush_denormals, self.step_threads):
             decisions = self.plan.decide(batch.num_groups)
-            update, _ = self._run_update(self._collect(batch, decisions, {}), advantages, decisions)
+            update, _ = self._run_update(self._collect(batch, decisions, {}, None), advantages, decisions)
         return {k: torch.tensor(v, device=self.device) for k, v in update.items()}
 
     def _kl_reward_penalty(self, batch: ExperienceBatch) -> Tensor | None:

@@ -32,13 +32,6 @@ FRONT_DOOR = {
 }
 BACKEND_CLASSES = {"LocalBackend", "DataParallelBackend", "DeepSpeedBackend", "FSDPBackend"}
 MAX_LINES = 60
-# Private names reached across modules that other engineers remove this wave (sampling: the
-# worker's `grpo.llm._deps`; dynamic sampling: the evaluation collector's override). Each entry
-# must still be found (so a fix shows here), and nothing else may be.
-PENDING_IMPORTS = {"grpo/generation/worker.py from grpo.llm._deps import ... (private module)"}
-PENDING_ATTRIBUTES = {
-    "grpo/training/evaluation.py _EvalCollector: self._drop_invalid_groups of ExperienceCollector"
-}
 
 
 def modules() -> list[Path]:
@@ -109,14 +102,6 @@ def test_every_backend_has_every_member_of_the_protocol(cls: type) -> None:
     assert not lacking, f"{cls.__name__} lacks {lacking}"
 
 
-def assert_only_pending(found: list[str], pending: set[str]) -> None:
-    """``found`` (``file:line what``) holds every entry of ``pending`` (``file what``) and nothing else."""
-    new = [f for f in found if re.sub(r":\d+ ", " ", f, count=1) not in pending]
-    assert not new, "private names reached across modules:\n" + "\n".join(new)
-    gone = pending - {re.sub(r":\d+ ", " ", f, count=1) for f in found}
-    assert not gone, f"fixed: remove these from the pending set: {sorted(gone)}"
-
-
 def test_no_private_name_is_imported_across_modules() -> None:
     """No ``from grpo.x import _y``, and no private module (``grpo.llm._deps``) imported from
     outside the package that holds it."""
@@ -134,7 +119,7 @@ def test_no_private_name_is_imported_across_modules() -> None:
                     owner = ".".join(parts[:i])
                     if is_private(part) and package != owner and not package.startswith(owner + "."):
                         found.append(f"{where} from {node.module} import ... (private module)")
-    assert_only_pending(found, PENDING_IMPORTS)
+    assert not found, "private names imported across modules:\n" + "\n".join(found)
 
 
 def test_no_backend_class_is_named_outside_the_engine() -> None:
@@ -302,35 +287,12 @@ def test_package_edges_count_every_import() -> None:
     assert ("grpo", "trainer") in edges  # the package's re-exports
 
 
-# Edges other engineers cut this wave (the sampling and dynamic-sampling work): generation ->
-# llm, engine/setup -> experience_collector, training/evaluation -> experience_collector. Remove
-# the mark (and PENDING_EDGES) once they are merged.
-PENDING_EDGES = {
-    ("generation", "llm"),
-    ("engine", "experience_collector"),
-    ("training", "experience_collector"),
-}
-
-
-def test_the_package_graph_has_no_cycle_but_through_the_pending_edges() -> None:
-    """Without the edges being cut in parallel (`PENDING_EDGES`), the graph is a DAG: every
-    other edge of the old knot of eleven (config -> engine among them) is gone and stays gone."""
-    edges = {e: w for e, w in package_edges().items() if e not in PENDING_EDGES}
-    assert ("config", "engine") not in edges
-    found = knots(edges)
-    assert not found, "the package graph has a cycle:\n" + "\n".join(found)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="knot closed by edges cut in parallel: generation -> llm (grpo/generation: the vLLM "
-    "engine, the worker's causal LM), engine/setup.py -> experience_collector, "
-    "training/evaluation.py -> experience_collector",
-)
 def test_the_package_graph_has_no_cycle() -> None:
     """The front-door modules and subpackages of grpo (counting every import, see
     `package_edges`) form a DAG: the core never reaches into a wing that reaches back."""
-    found = knots(package_edges())
+    edges = package_edges()
+    assert ("config", "engine") not in edges  # config owns its fields' choices
+    found = knots(edges)
     assert not found, "the package graph has a cycle:\n" + "\n".join(found)
 
 
@@ -536,7 +498,7 @@ def test_no_private_name_is_reached_across_modules() -> None:
         for path in modules()
         for f in (*private_attribute_uses(path), *inherited_private_uses(path, classes))
     ]
-    assert_only_pending(found, PENDING_ATTRIBUTES)
+    assert not found, "private names reached across modules:\n" + "\n".join(found)
 
 
 def test_the_trainer_is_at_most_400_lines() -> None:

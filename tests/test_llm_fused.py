@@ -24,6 +24,7 @@ import torch
 
 from grpo import GRPOConfig
 from grpo.llm.logprobs import VOCAB_BLOCK, chunked_token_logprobs, naive_token_logprobs
+from grpo.llm.sampling_settings import SamplingSettings
 
 
 def _inputs(n: int, v: int, h: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -151,8 +152,10 @@ def test_policy_with_compiled_log_probs_scores_like_the_default(tmp_path: Path) 
 
     tok = build_tokenizer(tmp_path, pad_is_eos=True)
     model = build_model(tmp_path, tok)
-    plain = CausalLMPolicy(model, tok, max_new_tokens=6, logprob_chunk_size=8)
-    fused = CausalLMPolicy(model, tok, max_new_tokens=6, logprob_chunk_size=8, compile_logprobs=True)
+    plain = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=6), logprob_chunk_size=8)
+    fused = CausalLMPolicy(
+        model, tok, SamplingSettings(max_new_tokens=6), logprob_chunk_size=8, compile_logprobs=True
+    )
     torch.manual_seed(0)
     comps = [c for g in plain.generate_actions(["1+2=", "what is 3+4?"], 3) for c in g]
 
@@ -351,7 +354,7 @@ def test_use_liger_loss_is_refused_for_what_liger_does_not_compute(tmp_path: Pat
         from tests.llm_helpers import build_model, build_tokenizer
 
         tok = build_tokenizer(tmp_path)
-        policy = CausalLMPolicy(build_model(tmp_path, tok), tok, max_new_tokens=4)
+        policy = CausalLMPolicy(build_model(tmp_path, tok), tok, SamplingSettings(max_new_tokens=4))
         with pytest.raises(ImportError, match=r"pip install liger-kernel"):
             GRPOTrainer(config, policy, lambda prompts, comps: [0.0] * len(comps))
 
@@ -386,7 +389,7 @@ def test_trainer_step_with_liger_loss_gives_the_default_weights(
     def one_step(use_liger: bool) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         m = copy.deepcopy(model)
         policy = CausalLMPolicy(
-            m, tok, max_new_tokens=6, temperature=0.9, logprob_chunk_size=16, autocast=False
+            m, tok, SamplingSettings(max_new_tokens=6, temperature=0.9), logprob_chunk_size=16, autocast=False
         )
         config = GRPOConfig(
             group_size=4, batch_size=2, seed=0, use_liger_loss=use_liger, clip_epsilon=0.05,

@@ -49,9 +49,9 @@ from grpo.engine.deepspeed import (
 from grpo.engine.distributed import DistributedSync, setup_distributed
 from grpo.engine.lr_schedules import build_scheduler
 from grpo.engine.optim import default_optimizer
-from grpo.experience_collector import same_device
 from grpo.policy_base import PolicyModel, check_policy, has_method, policy_parameters
 from grpo.reward_model_base import RewardModel, as_reward_model
+from grpo.runtime.devices import same_device
 from grpo.runtime.threads import step_threads
 
 __all__ = [
@@ -285,6 +285,12 @@ def setup_trainer(
     policy when it partitions weights)."""
     reward = checked_inputs(config, policy, reward_model, reference_policy)
     device, distributed = join_processes(config)
+    if distributed is not None and config.max_sampling_draws > 1:
+        raise ValueError(
+            f"GRPOConfig(max_sampling_draws={config.max_sampling_draws}) back-fills each process's "
+            f"batch with its own number of draws, which torchrun's ranks cannot keep in step; use "
+            f"max_sampling_draws=1 under torchrun."
+        )
     policy, reward = _moved(policy, device), _moved(reward, device)
     reference = offered_reference(config, policy, reference_policy)
     copy_reference = config.kl_coeff > 0 and reference is None

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import Self
 
+from grpo.rollout.dynamic_sampling import DRAWS_COMPONENT
 from grpo.state.checkpoint import (
     MAX_COUNT,
     POLICY_FILE,
@@ -87,7 +88,7 @@ STATE_KEYS = (
     "generator",
     "components",
 )
-OWN_COMPONENTS = ("advantage_estimator", "async_rollouts", "reward_shift")
+OWN_COMPONENTS = ("advantage_estimator", DRAWS_COMPONENT, "async_rollouts", "reward_shift")
 """The trainer's own stateful parts (attributes of the same names; None when off), saved in this
 order before the registered ones."""
 
@@ -101,6 +102,7 @@ class TrainerStateMixin:
     optimizer: torch.optim.Optimizer | None
     scheduler: Any
     advantage_estimator: Any
+    dynamic_sampling: Any
     async_rollouts: Any
     reward_shift: Any
     step_count: int
