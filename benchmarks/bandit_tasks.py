@@ -35,7 +35,7 @@ nonstationary (`nonstationary_grpo`, `nonstationary_eps_greedy`, `nonstationary_
 contextual (`contextual_grpo`, `contextual_hand_loop`)
     The README quick start's contextual bandit: contexts ``x ~ N(0, I_16)``, 10 arms, arm ``a``
     pays ``(x @ W)[a]`` (no noise) with ``W ~ N(0, 1)^(16 x 10)`` drawn once per seed. The policy
-    is the ready ``grpo.categorical_mlp(obs_dim=16, num_actions=10)`` (MLP 64x64, tanh). Each
+    is the ready ``grpo.policies.categorical_mlp(obs_dim=16, num_actions=10)`` (MLP 64x64, tanh). Each
     step gets ``config.batch_size`` fresh contexts; ``steps`` = 300 steps. Metric: expected reward
     on 2,000 fixed held-out contexts, normalised so that arms at random score 0 and the oracle
     1: ``(E_pi[r] - mean_a r) / (max_a r - mean_a r)``, averaged over contexts first.
@@ -57,7 +57,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+from grpo import GRPOConfig, GRPOTrainer
+from grpo.policies import categorical_mlp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import dynamic_bandit

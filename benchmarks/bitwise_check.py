@@ -81,8 +81,9 @@ def quickstart() -> str:
 
 
 def gym() -> str:
-    from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+    from grpo import GRPOConfig, GRPOTrainer
     from grpo.gym.episodes import EpisodePolicy, EpisodeRewards
+    from grpo.policies import categorical_mlp
 
     torch.manual_seed(0)
     policy = EpisodePolicy("CartPole-v1", categorical_mlp(4, 2, hidden=(32,)))

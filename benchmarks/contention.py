@@ -225,8 +225,9 @@ def work_cartpole(side: str, steps: int, max_run_s: float) -> list[float]:
     import numpy as np
     import torch
 
-    from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+    from grpo import GRPOConfig, GRPOTrainer
     from grpo.gym.episodes import EpisodePolicy, EpisodeRewards
+    from grpo.policies import categorical_mlp
 
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
@@ -387,7 +388,8 @@ def scaling(widths: list[int], repeats: int, max_other: float, retries: int) -> 
     ``max_other`` cores busy is measured again (up to ``retries`` times, the last one kept)."""
     import torch
 
-    from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+    from grpo import GRPOConfig, GRPOTrainer
+    from grpo.policies import categorical_mlp
 
     rows = []
     for busy in (False, True):

@@ -41,9 +41,10 @@ def report(side: str, n: int, collect: float, train: float) -> None:
 def grpo_side(kind: str, n: int, rounds: int) -> None:
     import gymnasium as gym
 
-    from grpo import GRPOConfig, GRPOTrainer, gaussian_mlp
+    from grpo import GRPOConfig, GRPOTrainer
     from grpo.envs.pendulum import TensorPendulum
     from grpo.gym.episodes import EpisodePolicy, EpisodeRewards
+    from grpo.policies import gaussian_mlp
 
     torch.manual_seed(0)
     env = (

@@ -126,10 +126,11 @@ class ValueBaseline(StatelessReward):
 def grpo_row(env_id: str, row: str, seed: int, budget: int, overrides: dict[str, Any]) -> dict[str, Any]:
     import gymnasium as gym
 
-    from grpo import GRPOConfig, GRPOTrainer, gaussian_mlp
+    from grpo import GRPOConfig, GRPOTrainer
     from grpo.gym.branching import BranchPoints, branching_policy
     from grpo.gym.episodes import EpisodePolicy, EpisodeReturn, EpisodeRewards
     from grpo.gym.snapshots import SnapshotStore
+    from grpo.policies import gaussian_mlp
 
     torch.manual_seed(seed)
     probe = gym.make(env_id)

@@ -37,9 +37,10 @@ from typing import Any
 
 import torch
 
-from grpo import CombinedReward, GRPOConfig, GRPOTrainer
+from grpo import GRPOConfig, GRPOTrainer
 from grpo.envs.protocol import Message
 from grpo.envs.text import TextEnv, TurnResult
+from grpo.reward_model_base import CombinedReward
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("multiturn_recipe")

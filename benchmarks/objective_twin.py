@@ -18,7 +18,7 @@ Workloads (1 torch thread):
 
 * ``small-policy``: benchmarks/overhead.py's bandit (B=64, G=8, MLP 16-64-64-10 written by the
   user, tensor form, 2 epochs, k3 KL to the reference, clip 0.2, grad clipping).
-* ``ready-policy``: the same with the ready `grpo.categorical_mlp` policy.
+* ``ready-policy``: the same with the ready `grpo.policies.categorical_mlp` policy.
 * ``tiny-lm``: a tiny Qwen2 (hidden 32, 2 layers, `grpo.llm.tiny`) through `grpo.llm.CausalLMPolicy`,
   B=8 prompts, G=8, 16 new tokens, 2 epochs, k3 KL.
 """
@@ -42,7 +42,8 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]  # this checkout's grpo, and overhe
 
 import overhead  # noqa: E402  (benchmarks/overhead.py: the bandit task and its policy)
 
-from grpo import GRPOConfig, GRPOTrainer, categorical_mlp  # noqa: E402
+from grpo import GRPOConfig, GRPOTrainer  # noqa: E402
+from grpo.policies import categorical_mlp  # noqa: E402
 
 Step = Callable[[], None]
 

@@ -34,7 +34,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+from grpo import GRPOConfig, GRPOTrainer
+from grpo.policies import categorical_mlp
 
 B, G, DIM, ARMS, EPOCHS, LR, BETA, EPS = 64, 8, 16, 10, 2, 3e-3, 0.04, 0.2
 

@@ -74,7 +74,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+from grpo import GRPOConfig, GRPOTrainer
+from grpo.policies import categorical_mlp
 from grpo.population import (
     HyperparameterConfig,
     Member,

@@ -49,8 +49,9 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import dynamic_bandit as db
 
-from grpo import DistributionPolicy, GRPOConfig, GRPOTrainer, categorical_mlp
+from grpo import GRPOConfig, GRPOTrainer
 from grpo.gym.episodes import EpisodePolicy, EpisodeRewards
+from grpo.policies import DistributionPolicy, categorical_mlp
 from grpo.training.reward_shift import RewardShiftRestart
 
 TASKS = ("switch", "shift", "rescale", "walk", "cartpole")

@@ -49,7 +49,8 @@ def _worker(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world),
     )  # fmt: skip
-    from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+    from grpo import GRPOConfig, GRPOTrainer
+    from grpo.policies import categorical_mlp
 
     global_batch, steps, warmup, repeats, ds_configs = args
     torch.set_num_threads(1)

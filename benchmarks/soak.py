@@ -1,6 +1,6 @@
 """Soak test: a long run stays flat in memory and speed, with checkpoints along the way.
 
-5,000 steps of a contextual bandit (state dim 16, 10 arms, ``grpo.categorical_mlp``), a checkpoint
+5,000 steps of a contextual bandit (state dim 16, 10 arms, ``grpo.policies.categorical_mlp``), a checkpoint
 every 100 steps (keep last 3). Prints
 
 * RSS growth from step 500 to the end (goal: < 50 MB);
@@ -26,7 +26,8 @@ import time
 
 import torch
 
-from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+from grpo import GRPOConfig, GRPOTrainer
+from grpo.policies import categorical_mlp
 
 
 def rss_mb() -> float:

@@ -37,9 +37,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpo import CombinedReward, GRPOConfig, GRPOTrainer, StallWarning, categorical_mlp
+from grpo import GRPOConfig, GRPOTrainer
 from grpo.gym.episodes import EpisodePolicy, EpisodeReturn, evaluate_episodes
 from grpo.gym.exploration import EpisodeSpread
+from grpo.policies import categorical_mlp
+from grpo.reward_model_base import CombinedReward
+from grpo.training.stall_watch import StallWarning
 
 EVAL_SEEDS = list(range(1_000_000, 1_000_020))
 CANDIDATES = ["none", "entropy", "group32", "batchbase", "spread", "spread20", "spread20_decay"]

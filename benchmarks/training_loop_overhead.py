@@ -27,8 +27,9 @@ from pathlib import Path
 
 import torch
 
-from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+from grpo import GRPOConfig, GRPOTrainer
 from grpo.metrics.sinks import CSVSink, JSONLSink
+from grpo.policies import categorical_mlp
 
 
 def reward(states: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:

@@ -113,7 +113,7 @@ def _worker(rank: int, world: int, port: int, args: dict[str, Any], out: str) ->
             "rss_max": _vm("VmHWM"),
             "s_step": statistics.median(times),
             "gen_share": sum(gen) / sum(times),
-            "stage": trainer.deepspeed_stage,
+            "stage": getattr(trainer.backend, "stage", None),  # DeepSpeedBackend's ZeRO stage
         }
         Path(out).write_text(json.dumps(result))
     torch.distributed.barrier()

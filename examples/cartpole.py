@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+from grpo import GRPOConfig, GRPOTrainer
 from grpo.gym.episodes import EpisodePolicy, EpisodeRewards, evaluate_episodes
+from grpo.policies import categorical_mlp
 
 ENV_ID = "CartPole-v1"
 EVAL_SEEDS = list(range(1_000_000, 1_000_020))  # never drawn for training (those are < 2**20)

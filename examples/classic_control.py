@@ -30,9 +30,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpo import GRPOConfig, GRPOTrainer, categorical_mlp, gaussian_mlp
+from grpo import GRPOConfig, GRPOTrainer
 from grpo.gym.episodes import EpisodePolicy, EpisodeRewards, evaluate_episodes
 from grpo.gym.exploration import EpisodeSpread
+from grpo.policies import categorical_mlp, gaussian_mlp
 
 EVAL_SEEDS = list(range(1_000_000, 1_000_010))
 ALL_FAIL_AT_FIRST = ("Acrobot-v1", "MountainCar-v0")  # pay nothing until the goal

@@ -17,8 +17,10 @@ import argparse
 
 import torch
 
-from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+from grpo import GRPOConfig, GRPOTrainer
+from grpo.engine.deepspeed import DeepSpeedBackend
 from grpo.engine.distributed import get_world_size, is_main_process, shutdown
+from grpo.policies import categorical_mlp
 
 
 def main() -> None:
@@ -57,7 +59,8 @@ def main() -> None:
     )
     trainer = GRPOTrainer(config, policy, reward)
     if is_main_process():
-        zero = "off" if trainer.deepspeed_stage is None else f"ZeRO-{trainer.deepspeed_stage}"
+        backend = trainer.backend  # a grpo.engine.deepspeed.DeepSpeedBackend when DeepSpeed runs
+        zero = f"ZeRO-{backend.stage}" if isinstance(backend, DeepSpeedBackend) else "off"
         print(
             f"world_size={get_world_size()} global_batch={get_world_size() * args.batch_size} states "
             f"deepspeed={zero}"

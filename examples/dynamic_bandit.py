@@ -37,7 +37,8 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Categorical
 
-from grpo import DistributionPolicy, GRPOConfig, GRPOTrainer
+from grpo import GRPOConfig, GRPOTrainer
+from grpo.policies import DistributionPolicy
 from grpo.runtime.extras import install_hint
 
 

@@ -43,8 +43,9 @@ from typing import Any
 
 import torch
 
-from grpo import CombinedReward, GRPOConfig, GRPOTrainer
+from grpo import GRPOConfig, GRPOTrainer
 from grpo.envs.text import GuessingGame, TextEnv, TurnResult
+from grpo.reward_model_base import CombinedReward
 
 # grpo.llm (transformers, the [llm] extra) is imported after the arguments are parsed, so that
 # `--help` works without the extra installed.

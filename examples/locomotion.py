@@ -26,10 +26,11 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from grpo import GRPOConfig, GRPOTrainer, gaussian_mlp
+from grpo import GRPOConfig, GRPOTrainer
 from grpo.gym.branching import BranchPoints, branching_policy
 from grpo.gym.episodes import EpisodeRewards, evaluate_episodes
 from grpo.gym.snapshots import SnapshotStore
+from grpo.policies import gaussian_mlp
 
 log = logging.getLogger("locomotion")
 

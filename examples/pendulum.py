@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpo import GRPOConfig, GRPOTrainer, gaussian_mlp
+from grpo import GRPOConfig, GRPOTrainer
 from grpo.gym.episodes import EpisodePolicy, EpisodeReturn, evaluate_episodes
+from grpo.policies import gaussian_mlp
 
 ENV_ID = "Pendulum-v1"
 EVAL_SEEDS = list(range(1_000_000, 1_000_020))

@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+from grpo import GRPOConfig, GRPOTrainer
+from grpo.policies import categorical_mlp
 from grpo.population import HyperparameterConfig, Member, RLParameter, plot_lineage, population
 
 DIM, ARMS = 16, 10

@@ -45,6 +45,7 @@ from grpo.algorithms.kl import kl_return_to_go
 
 if TYPE_CHECKING:
     from grpo.config import GRPOConfig
+    from grpo.rollout.batch import ExperienceBatch
 
 __all__ = [
     "AdvantageEstimator",
@@ -255,6 +256,40 @@ class AdvantageEstimator:
     def _clip_reward(self, r: Tensor) -> Tensor:
         r = r.detach().to(torch.float64)
         return r if self.reward_clip is None else r.clamp(-self.reward_clip, self.reward_clip)
+
+    def of_batch(
+        self,
+        batch: ExperienceBatch,
+        *,
+        weights: Mapping[str, float] | None = None,
+        kl_penalty: Tensor | None = None,
+        dtype: torch.dtype | None = None,
+        count_dropped: bool = False,
+    ) -> Advantages:
+        """The `Advantages` of ``batch`` (its rewards, components, mask, step rewards and group
+        layout; see `__call__` for ``weights``, ``kl_penalty`` and ``dtype``) with the step's
+        reward statistics (`with_statistics`; ``reward/dropped_groups`` when ``count_dropped``)."""
+        result = self(
+            batch.rewards,
+            batch.group_ids,
+            batch.num_groups,
+            components=batch.reward_components,
+            weights=weights,
+            mask=batch.mask,
+            kl_penalty=kl_penalty,
+            group_size=batch.group_size,
+            step_rewards=batch.step_rewards,
+            dtype=dtype,
+        )
+        return with_statistics(
+            result,
+            batch.rewards,
+            batch.group_ids,
+            batch.num_groups,
+            batch.group_size,
+            batch.reward_components,
+            batch.dropped_groups if count_dropped else None,
+        )
 
     def __call__(
         self,

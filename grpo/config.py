@@ -25,13 +25,15 @@ from grpo.algorithms.kl import KL_ESTIMATORS, KLEstimator
 from grpo.algorithms.loss_plugins import loss_plugin
 from grpo.algorithms.policy_losses import POLICY_LOSSES, PolicyLossName
 from grpo.algorithms.sampler_correction import SAMPLER_CORRECTIONS, SamplerCorrection
-from grpo.engine.distributed import DISTRIBUTED_MODES, DistributedMode
-from grpo.engine.lr_schedules import LR_SCHEDULES, LRScheduleName
 from grpo.runtime.spellings import SpelledFields, Spelling, read_spellings, unknown_names_message
 from grpo.runtime.threads import SMALL_POLICY_ELEMENTS, NumThreads
 
 KLPenalty = Literal["loss", "reward", "advantage"]
 KL_PENALTIES: tuple[str, ...] = ("loss", "reward", "advantage")
+LRScheduleName = Literal["constant", "linear", "cosine"]  # grpo.engine.lr_schedules builds them
+LR_SCHEDULES: tuple[str, ...] = ("constant", "linear", "cosine")
+DistributedMode = Literal["auto", "off"]  # grpo.engine.distributed.setup_distributed reads them
+DISTRIBUTED_MODES: tuple[str, ...] = ("auto", "off")
 
 __all__ = [
     "SPELLINGS",

@@ -30,6 +30,7 @@ __all__ = [
     "SupportsGenerateWithLogProbs",
     "check_policy",
     "entropy_grad_mode",
+    "entropy_request",
     "has_method",
     "policy_parameters",
 ]
@@ -261,3 +262,12 @@ def policy_parameters(policy: PolicyModel) -> list[Tensor]:
             seen.add(id(p))
             out.append(p)
     return out
+
+
+def entropy_request(policy: object, entropy_coeff: float) -> EntropyRequest:
+    """What the update asks ``evaluate_actions`` for: the exact entropy, differentiable only when
+    the loss trains it (``entropy_coeff != 0``), else without grad (logged); False for a policy
+    without ``evaluate_actions``."""
+    if not has_method(policy, "evaluate_actions"):
+        return False
+    return True if entropy_coeff != 0 else "no_grad"

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Categorical
 
-from grpo import DistributionPolicy, categorical_mlp
+from grpo.policies import DistributionPolicy, categorical_mlp
 
 # DeepSpeed JIT-builds its C++ ops (about a minute on 2 cores, see docs/scaling.md) into
 # TORCH_EXTENSIONS_DIR. torch's default, ~/.cache/torch_extensions, is shared by every process and

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from grpo.engine.deepspeed import DeepSpeedBackend
 from tests.distributed_toys import (
     LOCAL_B,
     SCENARIOS,
@@ -70,8 +71,8 @@ def ds_worker(rank: int, world: int, out: Path) -> None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 tr = build(name, LOCAL_B, deepspeed=str(path))
-                assert tr.deepspeed_stage is not None
-                assert tr.deepspeed_stage == config["zero_optimization"]["stage"]
+                assert isinstance(tr.backend, DeepSpeedBackend)
+                assert tr.backend.stage == config["zero_optimization"]["stage"]
                 d = data(name, world)
                 metrics = run_steps(tr, d, rows, range(STEPS))
                 with tr.gathered_weights():  # ZeRO-3: the full weights on every rank
@@ -93,7 +94,7 @@ def zero3_uneven_worker(rank: int, world: int, out: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tr = build("bandit_deferred", LOCAL_B, deepspeed=str(path))
-    assert tr.deepspeed_stage is not None
+    assert isinstance(tr.backend, DeepSpeedBackend)
     d = data("bandit_deferred", world)
     n = LOCAL_B - rank  # rank 1 gets one state fewer
     rows = slice(rank * LOCAL_B, rank * LOCAL_B + n)
@@ -255,8 +256,9 @@ def shutdown_worker(rank: int, world: int, out: Path) -> None:
     names of this process's threads then, and whether the group is still initialised."""
     import gc
 
-    from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+    from grpo import GRPOConfig, GRPOTrainer
     from grpo.engine.distributed import shutdown
+    from grpo.policies import categorical_mlp
 
     ds = out / "zero3.json"
     config = GRPOConfig(group_size=4, batch_size=2, seed=0, deepspeed=str(ds) if ds.exists() else "off")
@@ -265,7 +267,7 @@ def shutdown_worker(rank: int, world: int, out: Path) -> None:
         warnings.simplefilter("ignore")
         trainer = GRPOTrainer(config, policy, lambda s, a: (a == 0).float())
         trainer.step(torch.randn(2, 4))
-    assert (trainer.deepspeed_stage == 3) is ds.exists()
+    assert (isinstance(trainer.backend, DeepSpeedBackend) and trainer.backend.stage == 3) is ds.exists()
     shutdown(trainer)
     del trainer, policy
     gc.collect()

@@ -56,12 +56,13 @@ def deepspeed_cli_worker(rank: int, world: int, out: Path) -> None:
         cli_worker(rank, world, out)
     finally:
         cli.GRPOTrainer = original  # type: ignore[misc]
-    from grpo.engine.deepspeed import is_partitioned
+    from grpo.engine.deepspeed import DeepSpeedBackend, is_partitioned
+    from grpo.engine.setup import reference_module
 
     trainer = built[0]
-    reference = trainer._reference_module()  # None for LoRA (the adapter disabled)
+    reference = reference_module(trainer.reference_policy, trainer.backend)  # None for LoRA (adapter off)
     ran = {
-        "stage": trainer.deepspeed_stage,
+        "stage": trainer.backend.stage if isinstance(trainer.backend, DeepSpeedBackend) else None,
         "partitioned": trainer.policy.is_partitioned,
         "reference_partitioned": None if reference is None else is_partitioned(reference),
     }

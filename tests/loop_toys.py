@@ -10,7 +10,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from grpo import CombinedReward, GRPOConfig, GRPOTrainer, categorical_mlp
+from grpo import GRPOConfig, GRPOTrainer
+from grpo.policies import categorical_mlp
+from grpo.reward_model_base import CombinedReward
 
 
 def bandit_states(n: int, seed: int = 0) -> Tensor:

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+from grpo import GRPOConfig, GRPOTrainer
+from grpo.policies import categorical_mlp
 
 W = torch.tensor([[0.5, -0.2, 0.1], [0.0, 0.3, -0.4], [0.2, 0.2, 0.9], [-0.6, 0.1, 0.0]])
 

@@ -13,8 +13,9 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+from grpo import GRPOConfig, GRPOTrainer
 from grpo.engine.lr_schedules import build_scheduler
+from grpo.policies import categorical_mlp
 from grpo.state.checks import scheduler_problem
 from grpo.update.adaptive_lr import adapted_lr
 from tests.loop_toys import bandit_states, correct_arm

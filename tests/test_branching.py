@@ -12,10 +12,11 @@ import torch
 
 gym = pytest.importorskip("gymnasium")
 
-from grpo import GRPOConfig, GRPOTrainer, categorical_mlp, gaussian_mlp  # noqa: E402
+from grpo import GRPOConfig, GRPOTrainer  # noqa: E402
 from grpo.gym.branching import BranchPoints, branching_policy  # noqa: E402
 from grpo.gym.episodes import EpisodeRewards  # noqa: E402
 from grpo.gym.snapshots import SnapshotStore, restore  # noqa: E402
+from grpo.policies import categorical_mlp, gaussian_mlp  # noqa: E402
 
 HAS_MUJOCO = importlib.util.find_spec("mujoco") is not None
 ENVS = [

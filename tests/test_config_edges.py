@@ -19,8 +19,10 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from grpo import CombinedReward, GRPOConfig, GRPOTrainer, PolicyOutput, categorical_mlp
+from grpo import GRPOConfig, GRPOTrainer, PolicyOutput
 from grpo.algorithms.policy_losses import clip_loss
+from grpo.policies import categorical_mlp
+from grpo.reward_model_base import CombinedReward
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

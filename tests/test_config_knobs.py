@@ -13,10 +13,11 @@ import pytest
 import torch
 from torch import Tensor
 
-from grpo import GRPOConfig, GRPOObjective, GRPOTrainer
+from grpo import GRPOConfig, GRPOTrainer
 from grpo.advantage_estimator import AdvantageEstimator, uniform_group_ids
 from grpo.algorithms.kl import kl_shaped_advantages
 from grpo.experience_collector import truncated_actions
+from grpo.grpo_objective import GRPOObjective
 from grpo.policy_base import PolicyOutput
 
 V, T_MAX = 5, 3

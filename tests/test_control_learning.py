@@ -57,8 +57,8 @@ def test_pendulum_improves_within_40k_env_steps() -> None:
 
 
 def test_the_tie_breaker_goes_to_the_last_real_step_with_its_weight() -> None:
-    from grpo import categorical_mlp
     from grpo.gym.episodes import EpisodePolicy
+    from grpo.policies import categorical_mlp
 
     torch.manual_seed(0)
     policy = EpisodePolicy("Acrobot-v1", categorical_mlp(6, 3), max_steps=20)

@@ -18,6 +18,7 @@ pytest.importorskip("deepspeed")
 
 from grpo import GRPOConfig
 from grpo.engine.deepspeed import (
+    DeepSpeedBackend,
     deepspeed_config_from,
     is_partitioned,
     prepare_deepspeed_config,
@@ -156,7 +157,7 @@ def test_one_process_with_deepspeed_equals_one_without(tmp_path: Path, stage: in
         for s in range(STEPS):
             ref.step(d["states"][s], noise=d["noise"][s])
             tr.step(d["states"][s], noise=d["noise"][s])
-    assert tr.deepspeed_stage is not None
+    assert isinstance(tr.backend, DeepSpeedBackend)
     assert ref.reference_policy is not None
     assert tr.reference_policy is not None
     with tr.gathered_weights():
@@ -173,8 +174,8 @@ def test_one_process_with_deepspeed_equals_one_without(tmp_path: Path, stage: in
     for k in ref_a:
         assert (ref_a[k] - ref_b[k]).abs().max().item() <= 1e-6
         assert (ref_a[k] - a[k]).abs().max().item() > 1e-4
-    assert tr.deepspeed_stage == stage
-    assert ref.deepspeed_stage is None
+    assert tr.backend.stage == stage
+    assert not isinstance(ref.backend, DeepSpeedBackend)
     with pytest.raises(NotImplementedError, match="partitioned over the processes"):
         tr.save_checkpoint(tmp_path / "ckpt")
     assert not (tmp_path / "ckpt").exists()
@@ -198,7 +199,8 @@ def test_a_policy_partitioned_by_an_earlier_trainer_cannot_be_copied_for_the_ref
     """A second trainer on a policy that a ZeRO-3 trainer already partitioned (e.g. rebuilt in a
     notebook) trains without a KL term, and with one refuses clearly instead of copying empty
     partitions into the reference."""
-    from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+    from grpo import GRPOConfig, GRPOTrainer
+    from grpo.policies import categorical_mlp
 
     cfg = tmp_path / "zero3.json"
     cfg.write_text(json.dumps(ZERO_CONFIGS["zero3"]))
@@ -233,8 +235,9 @@ def test_close_frees_the_engines_before_the_interpreter_exits(tmp_path: Path, kl
     from deepspeed.runtime.zero import parameter_offload
     from deepspeed.utils import groups
 
-    from grpo import GRPOTrainer, categorical_mlp
+    from grpo import GRPOTrainer
     from grpo.engine.distributed import shutdown
+    from grpo.policies import categorical_mlp
 
     cfg = tmp_path / "zero3.json"
     cfg.write_text(json.dumps(ZERO_CONFIGS["zero3"]))
@@ -244,7 +247,7 @@ def test_close_frees_the_engines_before_the_interpreter_exits(tmp_path: Path, kl
         warnings.simplefilter("ignore")
         trainer = GRPOTrainer(config, policy, lambda s, a: (a == 0).float())
         trainer.step(torch.randn(2, 4))
-    assert trainer.deepspeed_stage is not None
+    assert isinstance(trainer.backend, DeepSpeedBackend)
     engines = [weakref.ref(e) for e in (trainer.backend.engine, trainer.backend.reference_engine) if e]
     assert len(engines) == (2 if kl else 1)
     assert any(m is policy for m in parameter_offload.FWD_MODULE_STACK)  # DeepSpeed's own hold

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+from grpo import GRPOConfig, GRPOTrainer
+from grpo.policies import categorical_mlp
 from grpo.runtime.denormals import flush_denormals_on, flushing_denormals, restore_denormals
 
 if not torch.set_flush_denormal(False):  # True when the CPU supports the setting  # pragma: no cover

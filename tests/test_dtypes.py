@@ -18,9 +18,9 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from grpo import DistributionPolicy, ExperienceBatch, GRPOConfig, GRPOTrainer, categorical_mlp, gaussian_mlp
+from grpo import ExperienceBatch, GRPOConfig, GRPOTrainer
 from grpo.engine.optim import clip_grad_norm
-from grpo.policies import CategoricalMLP, GaussianMLP
+from grpo.policies import CategoricalMLP, DistributionPolicy, GaussianMLP, categorical_mlp, gaussian_mlp
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

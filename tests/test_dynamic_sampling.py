@@ -16,7 +16,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from grpo import ExperienceBatch, GRPOConfig, GRPOTrainer, categorical_mlp
+from grpo import ExperienceBatch, GRPOConfig, GRPOTrainer
+from grpo.policies import categorical_mlp
 
 G = 4
 

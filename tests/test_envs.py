@@ -11,11 +11,12 @@ import torch
 
 gym = pytest.importorskip("gymnasium")
 
-from grpo import GRPOConfig, GRPOTrainer, categorical_mlp, gaussian_mlp  # noqa: E402
+from grpo import GRPOConfig, GRPOTrainer  # noqa: E402
 from grpo.envs import Environment, SupportsSnapshots  # noqa: E402
 from grpo.envs.pendulum import TensorPendulum  # noqa: E402
 from grpo.gym.episodes import EpisodePolicy, EpisodeRewards, run_episodes  # noqa: E402
 from grpo.gym.vector_env import GymVectorEnvironment  # noqa: E402
+from grpo.policies import categorical_mlp, gaussian_mlp  # noqa: E402
 
 
 def test_both_environments_satisfy_the_protocol() -> None:

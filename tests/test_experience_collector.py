@@ -103,7 +103,7 @@ def test_select_groups_takes_every_row_field_of_the_chosen_groups() -> None:
 
 def test_allow_empty_returns_no_group_when_every_reward_is_invalid() -> None:
     """The public way evaluation asks for an empty batch (it overrode a private method before)."""
-    from grpo import ExperienceCollector
+    from grpo.experience_collector import ExperienceCollector
     from grpo.policies import categorical_mlp
     from grpo.reward_model_base import as_reward_model
 

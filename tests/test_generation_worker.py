@@ -22,11 +22,12 @@ import torch
 
 pytest.importorskip("transformers")
 
-from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+from grpo import GRPOConfig, GRPOTrainer
 from grpo.generation import GenerationEngine, PrefetchingEngine
 from grpo.generation.worker import GenerationWorkerError, WorkerEngine, job_seed
 from grpo.llm import CausalLMPolicy, Completion, RewardFunctions, SamplingSettings
 from grpo.llm.engines.worker import causal_lm_factory, causal_lm_worker
+from grpo.policies import categorical_mlp
 from tests.llm_helpers import build_model, build_tokenizer
 
 STATES = ["1+2=", "what is 12+30?", "a"]

@@ -13,7 +13,7 @@ import torch
 
 gym = pytest.importorskip("gymnasium")
 
-from grpo import GRPOConfig, GRPOTrainer, PolicyOutput, categorical_mlp, gaussian_mlp  # noqa: E402
+from grpo import GRPOConfig, GRPOTrainer, PolicyOutput  # noqa: E402
 from grpo.gym.episodes import (  # noqa: E402
     Episode,
     EpisodePolicy,
@@ -21,6 +21,7 @@ from grpo.gym.episodes import (  # noqa: E402
     episode_returns,
     evaluate_episodes,
 )
+from grpo.policies import categorical_mlp, gaussian_mlp  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -17,7 +17,7 @@ import torch
 
 gym = pytest.importorskip("gymnasium")
 
-from grpo import GRPOConfig, GRPOTrainer, categorical_mlp, gaussian_mlp  # noqa: E402
+from grpo import GRPOConfig, GRPOTrainer  # noqa: E402
 from grpo.gym.episodes import EpisodePolicy, EpisodeReturn, evaluate_episodes  # noqa: E402
 from grpo.gym.resets import (  # noqa: E402
     NearestStartPolicy,
@@ -31,6 +31,7 @@ from grpo.gym.resets import (  # noqa: E402
     restore,
     snapshot,
 )
+from grpo.policies import categorical_mlp, gaussian_mlp  # noqa: E402
 
 CLASSIC = ["CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCar-v0", "MountainCarContinuous-v0"]
 

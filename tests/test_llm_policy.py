@@ -12,7 +12,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from grpo import GRPOConfig, GRPOObjective, GRPOTrainer
+from grpo import GRPOConfig, GRPOTrainer
+from grpo.grpo_objective import GRPOObjective
 from grpo.llm import (
     CausalLMPolicy,
     Completion,

@@ -18,7 +18,8 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Categorical, Normal
 
-from grpo import DistributionPolicy, ExperienceBatch, GRPOConfig, GRPOTrainer, PolicyOutput, gaussian_mlp
+from grpo import ExperienceBatch, GRPOConfig, GRPOTrainer, PolicyOutput
+from grpo.policies import DistributionPolicy, gaussian_mlp
 from grpo.rollout.log_probs import normalise_log_probs
 
 CPU = torch.device("cpu")

@@ -90,7 +90,8 @@ def test_train_logs_lr_of_each_step() -> None:
 def test_user_optimizer_lr_is_the_base() -> None:
     cfg = GRPOConfig(group_size=4, batch_size=4, lr_schedule="linear", total_steps=4)
     torch.manual_seed(0)
-    from grpo import GRPOTrainer, categorical_mlp
+    from grpo import GRPOTrainer
+    from grpo.policies import categorical_mlp
     from tests.loop_toys import correct_arm
 
     policy = categorical_mlp(4, 3, hidden=(8,))

@@ -218,8 +218,8 @@ def test_gamma_is_validated() -> None:
 
 def test_episode_rewards_are_the_masked_per_step_rewards_of_cartpole() -> None:
     pytest.importorskip("gymnasium")
-    from grpo import categorical_mlp
     from grpo.gym.episodes import EpisodePolicy, EpisodeRewards
+    from grpo.policies import categorical_mlp
 
     torch.manual_seed(0)
     policy = EpisodePolicy("CartPole-v1", categorical_mlp(4, 2))

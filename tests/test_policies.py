@@ -3,7 +3,9 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Normal
 
-from grpo import DistributionPolicy, PolicyModel, SupportsEvaluateActions, categorical_mlp, gaussian_mlp
+from grpo import PolicyModel
+from grpo.policies import DistributionPolicy, categorical_mlp, gaussian_mlp
+from grpo.policy_base import SupportsEvaluateActions
 
 
 def test_ready_policies_satisfy_the_protocols() -> None:

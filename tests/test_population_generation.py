@@ -13,8 +13,9 @@ import pytest
 import torch
 from torch import Tensor
 
-from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+from grpo import GRPOConfig, GRPOTrainer
 from grpo.gym.episodes import EpisodePolicy, EpisodeRewards
+from grpo.policies import categorical_mlp
 from grpo.population import (
     HyperparameterConfig,
     Member,

@@ -9,7 +9,9 @@ import pytest
 import torch
 from torch import Tensor
 
-from grpo import CombinedReward, GRPOConfig, GRPOTrainer, categorical_mlp
+from grpo import GRPOConfig, GRPOTrainer
+from grpo.policies import categorical_mlp
+from grpo.reward_model_base import CombinedReward
 from grpo.rollout.reward_guard import RewardError, RewardTimeoutError, call_reward
 
 

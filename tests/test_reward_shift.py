@@ -7,15 +7,19 @@ best arm switches (the restart stands) and on one whose rewards all fall (the po
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import random
+import types
 from pathlib import Path
 
 import pytest
 import torch
 from torch import Tensor, nn
 
-from grpo import DistributionPolicy, GRPOConfig, GRPOTrainer
+from grpo import GRPOConfig, GRPOTrainer
+from grpo.engine.setup import setup_trainer
+from grpo.policies import DistributionPolicy, categorical_mlp
 from grpo.training.reward_shift import (
     PROBATION_STEPS,
     RewardShiftRestart,
@@ -496,6 +500,12 @@ def test_config_errors() -> None:
     with pytest.raises(ValueError, match=r"RewardShiftRestart\(z=-1\): expected a finite number > 0"):
         RewardShiftRestart([], z=-1)
     cfg = GRPOConfig(reward_shift_z=4.0, num_epochs_per_update=2)
+    run = setup_trainer(cfg, categorical_mlp(2, 2, (4,)), lambda s, a: (a == 0).float(), None, None)
+    partitioned = types.SimpleNamespace(local_weights=False)  # FSDP's and DeepSpeed's flag
     with pytest.raises(ValueError, match=r"whole weights on every process: not with fsdp=True or DeepSpeed"):
-        RewardShiftRestart.from_config(cfg, [], sharded=True)
-    assert RewardShiftRestart.from_config(GRPOConfig(), []) is None
+        RewardShiftRestart.from_config(cfg, dataclasses.replace(run, backend=partitioned))  # type: ignore[arg-type]
+    assert RewardShiftRestart.from_config(GRPOConfig(), run) is None
+    watch = RewardShiftRestart.from_config(cfg, run)
+    assert watch is not None
+    assert watch.run is run
+    assert [id(p) for p in watch.params] == [id(p) for p in run.params]

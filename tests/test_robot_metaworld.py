@@ -12,12 +12,12 @@ import torch
 gym = pytest.importorskip("gymnasium")
 pytest.importorskip("metaworld", reason="MetaWorld v3 is not installed (pip install metaworld)")
 
-from grpo import gaussian_mlp  # noqa: E402
 from grpo.gym.branching import BranchPoints, branching_policy  # noqa: E402
 from grpo.gym.episodes import EpisodePolicy, evaluate_policy  # noqa: E402
 from grpo.gym.seeded_starts import check_seeded_starts, make_metaworld  # noqa: E402
 from grpo.gym.snapshots import SnapshotError, SnapshotStore, restore, snapshot  # noqa: E402
 from grpo.gym.success import EndOnSuccess  # noqa: E402
+from grpo.policies import gaussian_mlp  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -13,12 +13,13 @@ import torch
 
 gym = pytest.importorskip("gymnasium")
 
-from grpo import GRPOConfig, GRPOTrainer, gaussian_mlp  # noqa: E402
+from grpo import GRPOConfig, GRPOTrainer  # noqa: E402
 from grpo.gym.episodes import Episode, EpisodePolicy, EpisodeReturn, evaluate_policy  # noqa: E402
 from grpo.gym.seeded_starts import SeededStarts, check_seeded_starts  # noqa: E402
 from grpo.gym.snapshot_check import clear_replay_checks  # noqa: E402
 from grpo.gym.snapshots import SnapshotError, restore, snapshot  # noqa: E402
 from grpo.gym.success import EndOnSuccess, EpisodeSuccess, info_success  # noqa: E402
+from grpo.policies import gaussian_mlp  # noqa: E402
 from grpo.rollout.action_stats import success_metrics  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")

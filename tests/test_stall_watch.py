@@ -14,10 +14,12 @@ import pytest
 import torch
 from torch import Tensor
 
-from grpo import CombinedReward, GRPOConfig, GRPOTrainer, StallWarning, StallWatch, categorical_mlp
+from grpo import GRPOConfig, GRPOTrainer
 from grpo.engine.lr_schedules import schedule_length_problem
+from grpo.policies import categorical_mlp
+from grpo.reward_model_base import CombinedReward
 from grpo.training.loop import train
-from grpo.training.stall_watch import CONVERGED_ENTROPY, STALL_STEPS
+from grpo.training.stall_watch import CONVERGED_ENTROPY, STALL_STEPS, StallWarning, StallWatch
 from tests.conftest import ContextualBandit, bandit_policy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -241,7 +243,9 @@ def test_schedule_length_problem() -> None:
     assert "set total_steps = 100 * 40 = 4000." in str(wrong)
 
 
-@pytest.mark.filterwarnings("ignore::grpo.StallWarning")  # the schedule then ends: tested above
+@pytest.mark.filterwarnings(
+    "ignore::grpo.training.stall_watch.StallWarning"
+)  # the schedule then ends: tested above
 def test_train_warns_when_the_schedule_does_not_span_the_run() -> None:
     """A schedule of 12 trainer steps in a run of 30 warns; one longer than the run does not."""
     config = GRPOConfig(group_size=4, batch_size=4, lr_schedule="linear", total_steps=12, seed=0)

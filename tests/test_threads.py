@@ -167,7 +167,7 @@ def test_restored_after_a_step_that_raises() -> None:
 
 
 def test_the_choice_is_logged_once_at_info(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="grpo.trainer"):
+    with caplog.at_level(logging.INFO, logger="grpo.runtime.threads"):
         trainer, _, _, bandit = _setup()
         trainer.step(bandit.states(4))
         trainer.step(bandit.states(4))

@@ -471,7 +471,7 @@ def test_bad_user_outputs_raise_before_any_weight_change(contextual: ContextualB
 
 
 def test_plain_function_reward_and_combined_components(contextual: ContextualBandit) -> None:
-    from grpo import CombinedReward
+    from grpo.reward_model_base import CombinedReward
 
     reward = CombinedReward(
         {"value": contextual.reward, "bonus": lambda s, a: (a == 0).float()}, {"bonus": 0.5}
@@ -488,7 +488,7 @@ def test_plain_function_reward_and_combined_components(contextual: ContextualBan
 
 def _recording_categorical(obs_dim: int, arms: int) -> Any:
     """The ready categorical MLP, recording the ``with_entropy`` the trainer asks for."""
-    from grpo import DistributionPolicy, categorical_mlp
+    from grpo.policies import DistributionPolicy, categorical_mlp
 
     class Recording(DistributionPolicy):
         requests: list[Any]

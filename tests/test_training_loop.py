@@ -431,6 +431,13 @@ def test_bad_arguments(kwargs: dict[str, Any], match: str) -> None:
         make_trainer().train(bandit_states(4), **kwargs)
 
 
+def test_an_unknown_train_option_is_refused_with_the_closest_one() -> None:
+    with pytest.raises(
+        TypeError, match=r"unexpected keyword argument 'eval_evry'; did you mean 'eval_every'\?"
+    ):
+        make_trainer().train(bandit_states(4), num_steps=1, eval_evry=2)  # type: ignore[call-arg]
+
+
 def test_checkpoint_freq_needs_a_directory() -> None:
     trainer = make_trainer(checkpoint_freq=2)
     with pytest.raises(ValueError, match=r"checkpoint_freq=2 but train\(\) got no checkpoint_dir"):

@@ -11,9 +11,10 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
+from grpo import GRPOConfig, GRPOTrainer
 from grpo.algorithms.aggregation import AGGREGATIONS
 from grpo.experience_collector import ExperienceBatch
+from grpo.policies import categorical_mlp
 
 
 class FreeLogProbs(nn.Module):

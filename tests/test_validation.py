@@ -17,8 +17,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from grpo import GRPOConfig, GRPOTrainer, PolicyOutput, categorical_mlp
-from grpo.policies import DistributionPolicy
+from grpo import GRPOConfig, GRPOTrainer, PolicyOutput
+from grpo.policies import DistributionPolicy, categorical_mlp
 
 
 class ListPolicy:

@@ -20,7 +20,7 @@ Implementations:
 * `grpo.engine.fsdp.FSDPBackend`: PyTorch FSDP2 (``fully_shard``) for ``nn.Module`` policies.
 
 Adding one: implement the `Backend` protocol, then choose it in
-`grpo.trainer.GRPOTrainer._make_backend` (docs/architecture.md, "How to add a backend").
+`grpo.engine.setup.make_backend` (docs/architecture.md, "How to add a backend").
 """
 
 from __future__ import annotations
@@ -137,27 +137,24 @@ class Backend(Protocol):
 
 
 class ShardedWeights(Protocol):
-    """Weights sharded over the processes (`Backend.sharded_weights`): gathered into one whole
-    state dict for a checkpoint, checked and sharded back on load (FSDP, `grpo.engine.fsdp`)."""
+    """Weights sharded over the processes (`Backend.sharded_weights`): the policy's gathered into
+    one whole state for a checkpoint (in `grpo.state.checkpoint.policy_state`'s format, so that
+    a checkpoint moves between sharded and whole runs), checked and sharded back on load (FSDP,
+    `grpo.engine.fsdp`). The trainer's state knows them only through these three methods."""
 
-    module: Any
-    rank: int
-    world_size: int
+    def check_policy(self, policy: Any) -> None:
+        """Raise (ValueError, NotImplementedError; on every rank alike, before any collective) for
+        a policy whose weights this cannot map to the sharded module's."""
 
-    def state_dict_names(self, tensors: Mapping[str, Tensor]) -> dict[str, list[str]]:
-        """Each of ``tensors`` (the policy's, by its own names) -> the module state-dict names it is."""
+    def policy_state(self, policy: Any) -> dict[str, Tensor]:
+        """The policy's whole weights by its own names on rank 0 (``{}`` on the others); a collective."""
 
-    def gathered_model_state_dict(self) -> dict[str, Tensor]:
-        """The module's full state dict on rank 0 (``{}`` on the others); a collective."""
-
-    def model_state_problem(self, weights: Mapping[str, Any], *, strict: bool) -> str | None:
-        """What is wrong with ``weights`` for the module (None: they fit)."""
-
-    def optimizer_state_problem(self, state: Any) -> str | None:
-        """What is wrong with a whole optimizer state for the sharded optimizer (None: it fits)."""
-
-    def load_model_state_dict(self, weights: Mapping[str, Any], *, strict: bool) -> None:
-        """Shard rank 0's full ``weights`` into the module (a collective)."""
+    def load_policy_state(
+        self, policy: Any, state: Mapping[str, Any], problem: str | None, source: str
+    ) -> str | None:
+        """Load a trainer state's ``policy`` weights once every rank agrees the state fits
+        (``problem``: this rank's own verdict; rank 0 also checks the weights and the optimizer
+        state); returns the first problem with nothing changed, else None. A collective."""
 
 
 class _Steps(Protocol):

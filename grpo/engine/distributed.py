@@ -55,15 +55,15 @@ import os
 import random
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from grpo.config import DISTRIBUTED_MODES
+
 __all__ = [
-    "DISTRIBUTED_MODES",
-    "DistributedMode",
     "DistributedSync",
     "barrier",
     "get_rank",
@@ -81,8 +81,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-DistributedMode = Literal["auto", "off"]
-DISTRIBUTED_MODES: tuple[str, ...] = ("auto", "off")
 
 _T = TypeVar("_T")
 

@@ -577,6 +577,71 @@ class FSDPBackend:
             return str(e)
         return None
 
+    # ---- the policy's weights in checkpoints (`grpo.engine.backends.ShardedWeights`) -------------
+    def check_policy(self, policy: Any) -> None:
+        """Refuse (on every rank alike, before any collective) a policy whose checkpoint this
+        cannot map: one with a ``state_dict()`` of its own around the sharded module
+        (NotImplementedError), one whose ``get_parameters()`` are not the module's (ValueError)."""
+        self._policy_names(policy)
+
+    def _policy_names(self, policy: Any) -> dict[str, list[str]] | None:
+        """``policy_state`` key -> the module's state-dict names it stands for (several for a tied
+        weight); None when the policy is the module itself (the keys are the names)."""
+        if policy is self.module:
+            return None
+        if callable(getattr(policy, "state_dict", None)):
+            raise NotImplementedError(
+                f"under FSDP the trainer checkpoints a policy that is itself the sharded nn.Module, or "
+                f"one without state_dict() whose get_parameters() returns the module's parameters (as "
+                f"grpo.llm.CausalLMPolicy); {type(policy).__name__} has a state_dict() of its own "
+                f"around training_module(). Checkpoint the module yourself with "
+                f"trainer.backend.gathered_model_state_dict()."
+            )
+        raw: Any = policy.get_parameters()
+        items = raw.items() if isinstance(raw, Mapping) else enumerate(raw)
+        return self.state_dict_names({str(k): v for k, v in items})
+
+    def policy_state(self, policy: Any) -> dict[str, Tensor]:
+        """The policy's full weights by its own names (`grpo.state.checkpoint.policy_state`'s
+        format) on rank 0, ``{}`` on the others; a collective."""
+        names = self._policy_names(policy)  # before the collective: raises on every rank alike
+        full = self.gathered_model_state_dict()
+        if names is None or not full:
+            return full
+        return {k: full[n[0]] for k, n in names.items()}
+
+    def load_policy_state(
+        self, policy: Any, state: Mapping[str, Any], problem: str | None, source: str
+    ) -> str | None:
+        """Load a trainer state's ``policy`` weights, once every rank agrees it fits: ``problem``
+        is this rank's verdict on the rest of the state (None: fits); rank 0 also checks the
+        weights and the ``optimizer`` state against this module and optimizer (its problem named
+        after ``source``, where the state came from). The verdicts are
+        all-gathered; the first problem is returned with nothing changed, else the weights are
+        broadcast from rank 0 and sharded and None is returned. A collective."""
+        names = self._policy_names(policy)
+        weights: dict[str, Any] = {}
+        if problem is None and self.rank == 0:
+            given = state["policy"]
+            if names is None:
+                weights = dict(given)
+            elif set(given) != set(names):
+                problem = (
+                    f"{type(policy).__name__}.get_parameters() has tensors {sorted(names)[:8]} "
+                    f"but the checkpoint has {sorted(given)[:8]}"
+                )
+            else:
+                weights = {n: given[k] for k, ns in names.items() for n in ns}
+            problem = problem or self.model_state_problem(weights, strict=names is None)
+            problem = problem or self.optimizer_state_problem(state["optimizer"])
+            problem = problem and f"{source}: {problem}"
+        verdicts: list[str | None] = [None] * self.world_size
+        torch.distributed.all_gather_object(verdicts, problem)
+        first = next((v for v in verdicts if v is not None), None)
+        if first is None:
+            self.load_model_state_dict(weights, strict=names is None)
+        return first
+
     def load_model_state_dict(self, state: Mapping[str, Tensor], *, strict: bool = True) -> None:
         """Load full weights (``gathered_model_state_dict``'s format) into the shards.
 

@@ -23,17 +23,16 @@ object's fields are plain numbers, so they are part of ``scheduler.state_dict()`
 from __future__ import annotations
 
 import math
-from typing import Literal
+import warnings
 
 import torch
 
-__all__ = ["LR_SCHEDULES", "LRSchedule", "LRScheduleName", "build_scheduler", "schedule_length_problem"]
+from grpo.config import LR_SCHEDULES, GRPOConfig, LRScheduleName
+
+__all__ = ["LRSchedule", "build_scheduler", "schedule_length_problem", "warn_short_schedule"]
 
 MIN_SCHEDULE_TRAINER_STEPS = 10
 """A decaying schedule shorter than this many trainer steps is warned about when a trainer is built."""
-
-LRScheduleName = Literal["constant", "linear", "cosine"]
-LR_SCHEDULES: tuple[str, ...] = ("constant", "linear", "cosine")
 
 
 class LRSchedule:
@@ -150,3 +149,14 @@ def schedule_length_problem(
         f"num_epochs_per_update * batch_size / mini_batch_size). For a schedule over the whole run, "
         f"set {fix}."
     )
+
+
+def warn_short_schedule(config: GRPOConfig, scheduler: object) -> None:
+    """Warn, at the caller of the trainer's constructor, when ``config``'s decaying schedule ends
+    within a few trainer steps (`schedule_length_problem`; ``total_steps`` counts optimizer
+    steps). Nothing without a ``scheduler``."""
+    if scheduler is None:
+        return
+    problem = schedule_length_problem(config.lr_schedule, config.total_steps, config.optimizer_steps_per_step)
+    if problem is not None:
+        warnings.warn(problem, UserWarning, stacklevel=3)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from grpo.advantage_estimator import advantage_dtype
 from grpo.config import GRPOConfig
 from grpo.engine.backends import Backend, DataParallelBackend, LocalBackend
 from grpo.engine.deepspeed import (
@@ -51,9 +52,13 @@ from grpo.engine.optim import default_optimizer
 from grpo.policy_base import PolicyModel, check_policy, has_method, policy_parameters
 from grpo.reward_model_base import RewardModel, as_reward_model
 from grpo.runtime.devices import same_device
+from grpo.runtime.threads import step_threads
 
 __all__ = [
     "BackendSetup",
+    "TrainerSetup",
+    "batch_size_problem",
+    "check_lockstep",
     "check_refreshable",
     "checked_inputs",
     "join_processes",
@@ -64,6 +69,7 @@ __all__ = [
     "refresh_reference",
     "resolve_device",
     "seed_everything",
+    "setup_trainer",
 ]
 
 
@@ -150,14 +156,25 @@ def make_backend(
     if opt is None:
         return BackendSetup(params, None, None, None, reference_copy)
     sched = build_scheduler(
-        opt, config.lr_schedule, config.warmup_steps, config.total_steps, config.lr_min_ratio,
+        opt,
+        config.lr_schedule,
+        config.warmup_steps,
+        config.total_steps,
+        config.lr_min_ratio,
         adaptive=config.adaptive_lr_kl is not None,
-    )  # fmt: skip
+    )
     if ds_config is not None:
         ds = DeepSpeedBackend(
-            policy, params, opt, ds_config, max_grad_norm=config.max_grad_norm,
-            world_size=1 if sync is None else sync.world_size, device=device, scheduler=sched, sync=sync,
-        )  # fmt: skip
+            policy,
+            params,
+            opt,
+            ds_config,
+            max_grad_norm=config.max_grad_norm,
+            world_size=1 if sync is None else sync.world_size,
+            device=device,
+            scheduler=sched,
+            sync=sync,
+        )
         return BackendSetup(params, opt, sched, ds, reference_copy)
     backend: Backend
     if config.fsdp:
@@ -232,6 +249,75 @@ def _make_optimizer(
 
 
 # ---- the reference policy of the KL term ----------------------------------------------------------
+@dataclass(frozen=True)
+class TrainerSetup:
+    """Where a trainer runs and what its update steps: the device, the process group (None on
+    one process), the policy and reward on the device, the trainable tensors with their optimizer
+    and LR schedule, the backend (None / empty when nothing is trained), the reference policy
+    of the KL term (None without one), and the numbers of each step: the advantages' dtype
+    (float64 for float64 weights, so that their update is not computed from float32-rounded
+    advantages; None: the rewards') and the intra-op threads (`grpo.runtime.threads.step_threads`)."""
+
+    device: torch.device
+    distributed: DistributedSync | None
+    policy: PolicyModel
+    reward_model: RewardModel
+    params: list[Tensor]
+    optimizer: torch.optim.Optimizer | None
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    backend: Backend | None
+    reference_policy: PolicyModel | None
+    advantage_dtype: torch.dtype | None
+    step_threads: int | None
+
+
+def setup_trainer(
+    config: GRPOConfig,
+    policy: PolicyModel,
+    reward_model: Any,
+    reference_policy: PolicyModel | None,
+    optimizer: torch.optim.Optimizer | None,
+) -> TrainerSetup:
+    """The `TrainerSetup` of `GRPOTrainer`'s arguments: checked (`checked_inputs`), the processes
+    joined and seeded (`join_processes`), the policy and reward moved to the device, the
+    reference the policy offers (`offered_reference`: a LoRA adapter disabled, no copy) or a
+    frozen copy, and the backend that owns the optimizer step (`make_backend`; it shards the
+    policy when it partitions weights)."""
+    reward = checked_inputs(config, policy, reward_model, reference_policy)
+    device, distributed = join_processes(config)
+    if distributed is not None and config.max_sampling_draws > 1:
+        raise ValueError(
+            f"GRPOConfig(max_sampling_draws={config.max_sampling_draws}) back-fills each process's "
+            f"batch with its own number of draws, which torchrun's ranks cannot keep in step; use "
+            f"max_sampling_draws=1 under torchrun."
+        )
+    policy, reward = _moved(policy, device), _moved(reward, device)
+    reference = offered_reference(config, policy, reference_policy)
+    copy_reference = config.kl_coeff > 0 and reference is None
+    made = make_backend(config, policy, device, distributed, optimizer, copy_reference=copy_reference)
+    groups = made.optimizer.param_groups if made.optimizer is not None else []
+    weights = [*made.params, *(p for g in groups for p in g["params"])]
+    return TrainerSetup(
+        device=device,
+        distributed=distributed,
+        policy=policy,
+        reward_model=reward,
+        params=made.params,
+        optimizer=made.optimizer,
+        scheduler=made.scheduler,
+        backend=made.backend,
+        reference_policy=make_reference(config, policy, reference, device, made.backend, made.reference_copy),
+        advantage_dtype=advantage_dtype(weights),
+        step_threads=step_threads(config.num_threads, policy, weights, device),
+    )
+
+
+def _moved(obj: Any, device: torch.device) -> Any:
+    """``obj.to(device)``, keeping ``obj`` when ``to`` returns None (moved in place)."""
+    moved = obj.to(device)
+    return obj if moved is None else moved
+
+
 def offered_reference(
     config: GRPOConfig, policy: PolicyModel, reference_policy: PolicyModel | None
 ) -> PolicyModel | None:
@@ -325,10 +411,35 @@ def _deepspeed(backend: Backend | None) -> DeepSpeedBackend | None:
     return backend if isinstance(backend, DeepSpeedBackend) else None
 
 
-def deepspeed_stage(backend: Backend | None) -> int | None:
-    """The DeepSpeed ZeRO stage (1, 2 or 3) when ``backend`` is DeepSpeed's, else None."""
-    deepspeed = _deepspeed(backend)
-    return None if deepspeed is None else deepspeed.stage
+def batch_size_problem(states: Any, batch_size: int) -> str | None:
+    """Why a step on ``states`` (a list, tuple or Tensor of B states) is not what
+    ``GRPOConfig.batch_size`` plans for, or None (B equal to it, or not sized)."""
+    sized = isinstance(states, (list, tuple)) or (isinstance(states, Tensor) and states.dim() > 0)
+    n = len(states) if sized else 0
+    if not n or n == batch_size:
+        return None
+    return (
+        f"step() got {n} states but GRPOConfig.batch_size={batch_size}; step() uses every state it is "
+        f"given. batch_size only sets how many states train() draws per step and the arithmetic "
+        f"of optimizer_steps_per_step / samples_per_step (the summary, total_steps). Warned once."
+    )
+
+
+def check_lockstep(
+    distributed: DistributedSync | None, backend: Backend | None, num_states: Callable[[], int]
+) -> None:
+    """Where every forward gathers partitioned weights (``backend.lockstep_forwards``: DeepSpeed
+    ZeRO-3) on several processes, all ranks must run the same forwards: raise on every rank when
+    they got different numbers of states (``num_states()``; not sized: nothing to check, the
+    policy check's own error follows), before any forward (a clear error instead of a hang)."""
+    if distributed is None or backend is None or not backend.lockstep_forwards:
+        return
+    try:
+        n = int(num_states())
+    except TypeError:
+        return
+    why = "DeepSpeed ZeRO-3 gathers the weights in every forward, so all ranks must run the same forwards"
+    distributed.check_same_number_of_states(n, why)
 
 
 def reference_module(reference: PolicyModel | None, backend: Backend | None) -> nn.Module | None:

@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING
 
 from grpo.generation.async_rollouts import PrefetchingEngine
 from grpo.generation.engine import EngineProvider, GenerationEngine, InProcessEngine
-from grpo.policy_base import PolicyModel
+from grpo.policy_base import PolicyModel, has_method
 
 if TYPE_CHECKING:
     from grpo.config import GRPOConfig
+    from grpo.engine.distributed import DistributedSync
 
-__all__ = ["make_engine"]
+__all__ = ["check_engine", "make_engine"]
 
 
 def make_engine(
@@ -51,3 +52,32 @@ def _named_engine(config: GRPOConfig, policy: PolicyModel) -> GenerationEngine:
             f"GRPOTrainer(..., engine=engine)."
         )
     return policy.generation_engine(name, seed=config.seed)
+
+
+def check_engine(
+    config: GRPOConfig, engine: GenerationEngine, policy: PolicyModel, distributed: DistributedSync | None
+) -> None:
+    """Refuse, when the trainer is built, what ``engine`` cannot do for this run: an engine with
+    its own weights generates on one process (under torchrun it is closed and refused), and the
+    sampler's log-probs of ``config.sampler_is_cap`` must come from somewhere: an engine with its
+    own weights reports them, the in-process one asks the policy's
+    ``generate_actions_with_log_probs``."""
+    if engine.owns_weights and distributed is not None:
+        engine.close()
+        raise ValueError(
+            f"GRPOConfig(generation_engine={config.generation_engine!r}) generates on one "
+            f"process; under torchrun ({distributed.world_size} processes) use "
+            f"generation_engine='hf' and async_staleness=0."
+        )
+    cap = config.sampler_is_cap
+    if (
+        not engine.owns_weights
+        and cap is not None
+        and not has_method(policy, "generate_actions_with_log_probs")
+    ):
+        raise TypeError(
+            f"GRPOConfig(sampler_is_cap={cap}) corrects a sampler/trainer mismatch, so the policy "
+            f"must report its sampler's log-probs: {type(policy).__name__} has no "
+            f"generate_actions_with_log_probs(states, G) -> (actions, log_probs). Add it, or set "
+            f"sampler_is_cap=None."
+        )

@@ -294,8 +294,8 @@ def _as_distribution_policy(policy: nn.Module) -> DistributionPolicy:
         return DistributionPolicy(policy)
     raise TypeError(
         f"EpisodePolicy needs a torch.nn.Module mapping observations (n, obs_dim) to a "
-        f"torch.distributions.Distribution (e.g. grpo.categorical_mlp(obs_dim, n_actions) or "
-        f"grpo.gaussian_mlp(obs_dim, act_dim)); got {type(policy).__name__}."
+        f"torch.distributions.Distribution (e.g. grpo.policies.categorical_mlp(obs_dim, n_actions) or "
+        f"grpo.policies.gaussian_mlp(obs_dim, act_dim)); got {type(policy).__name__}."
     )
 
 
@@ -342,7 +342,7 @@ def run_episodes(
     n = len(seeds)
     if env.num_envs != n:
         raise ValueError(f"run_episodes got {n} seeds for a vector env of {env.num_envs} sub-envs.")
-    device = policy._device()
+    device = policy.device
     obs = env.reset(list(seeds))
     alive = torch.ones(n, dtype=torch.bool)
     terminated_any = torch.zeros(n, dtype=torch.bool)
@@ -449,6 +449,11 @@ class EpisodePolicy(nn.Module):
         """Close the vector envs (they are rebuilt on the next ``generate_actions``)."""
         self._pool.close()
 
+    def vector_envs(self, n: int) -> Any:
+        """The policy's vector env of ``n`` sub-envs (built on first use, kept for the next call of
+        the same size; `close` closes it)."""
+        return self._pool.get(n)
+
     # ---- PolicyModel ---------------------------------------------------------------------
     def generate_actions(self, states: Any, num_actions_per_state: int, **kwargs: Any) -> list[list[Episode]]:
         """Play G episodes from each seed. Returns B lists of G `Episode`s (group-major).
@@ -459,7 +464,7 @@ class EpisodePolicy(nn.Module):
         seeds = env_seeds(states)
         g = num_actions_per_state
         flat_seeds = [s for s in seeds for _ in range(g)]
-        envs = self._pool.get(len(flat_seeds))
+        envs = self.vector_envs(len(flat_seeds))
         episodes = run_episodes(self.policy, envs, flat_seeds, max_steps=self.max_steps, **kwargs)
         if self.check_group_reset and g > 1:
             first = torch.stack([e.observations[0] for e in episodes]).view(len(seeds), g, -1)
@@ -495,7 +500,7 @@ class EpisodePolicy(nn.Module):
         flat layouts are handled alike.
         """
         obs, act, _, mask = stack_episodes(actions, f"{type(self).__name__}.get_log_probabilities")
-        device = self.policy._device()
+        device = self.policy.device
         obs, act, mask = obs.to(device), act.to(device), mask.to(device)
         dist = self.policy.distribution(obs[mask])  # one forward over the sum(mask) valid steps
         logp = obs.new_zeros(mask.shape).masked_scatter(mask, dist.log_prob(act[mask]))

@@ -24,7 +24,6 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-# NearestStartPolicy uses its base EpisodePolicy's `_pool` (its vector envs) in generate_actions.
 from grpo.gym.episodes import Episode, EpisodePolicy, env_seeds, episode_returns, run_episodes
 
 __all__ = [
@@ -323,7 +322,7 @@ class NearestStartPolicy(EpisodePolicy):
         seeds = env_seeds(states)
         g = num_actions_per_state
         flat_seeds = [_episode_seed(s, j) for s in seeds for j in range(g)]
-        envs = self._pool.get(len(flat_seeds))
+        envs = self.vector_envs(len(flat_seeds))
         episodes = run_episodes(self.policy, envs, flat_seeds, max_steps=self.max_steps, **kwargs)
         self.env_steps += int(sum(e.length for e in episodes))
         starts = torch.stack([e.observations[0] for e in episodes])

@@ -229,9 +229,11 @@ class DistributionPolicy(nn.Module):
             return states
         if isinstance(states, Sequence) and states and isinstance(states[0], Tensor):
             return torch.stack(list(states))
-        return torch.as_tensor(states, dtype=torch.float32, device=self._device())
+        return torch.as_tensor(states, dtype=torch.float32, device=self.device)
 
-    def _device(self) -> torch.device:
+    @property
+    def device(self) -> torch.device:
+        """Where the policy's parameters live (CPU for a policy without parameters)."""
         p = next(self.parameters(), None)
         return p.device if p is not None else torch.device("cpu")
 

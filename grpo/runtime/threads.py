@@ -27,11 +27,14 @@ their one-thread time, single steps 5-9x or seconds. One thread has no region an
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterable, Iterator
 from typing import Literal, TypeAlias
 
 import torch
 from torch import nn
+
+from grpo.runtime.denormals import flush_denormals_on, restore_denormals
 
 __all__ = [
     "SMALL_POLICY_ELEMENTS",
@@ -40,7 +43,11 @@ __all__ = [
     "intra_op_threads",
     "policy_elements",
     "resolve_num_threads",
+    "step_numerics",
+    "step_threads",
 ]
+
+logger = logging.getLogger(__name__)
 
 NumThreads: TypeAlias = Literal["auto"] | int | None
 
@@ -115,3 +122,27 @@ def intra_op_threads(n: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def step_threads(
+    setting: NumThreads, policy: object, trained: Iterable[torch.Tensor], device: torch.device
+) -> int | None:
+    """The intra-op threads of each step for ``setting`` (``GRPOConfig.num_threads``: one for a
+    small CPU policy by default, `resolve_num_threads`), logged once with why (`describe`)."""
+    elements = policy_elements(policy, trained)
+    resolved = resolve_num_threads(setting, device=device, elements=elements)
+    logger.info(describe(setting, resolved, device=device, elements=elements))
+    return resolved
+
+
+@contextlib.contextmanager
+def step_numerics(flush_denormals: bool, threads: int | None) -> Iterator[None]:
+    """A step's numerics for the block: subnormal floats flushed to zero when ``flush_denormals``
+    (`grpo.runtime.denormals`) and ``threads`` intra-op threads; the caller's settings are
+    restored after it."""
+    changed = flush_denormals_on() if flush_denormals else False
+    try:
+        with intra_op_threads(threads):
+            yield
+    finally:
+        restore_denormals(changed)

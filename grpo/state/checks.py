@@ -30,9 +30,21 @@ def weights_problem(current: Mapping[str, Any], given: Any) -> str | None:
 _IMPLEMENTATION_FLAGS = ("foreach", "fused", "capturable", "differentiable")
 """Optimizer group entries that choose a kernel for this machine: the live optimizer's are kept."""
 _NON_NEGATIVE = frozenset(
-    {"lr", "initial_lr", "eps", "weight_decay", "momentum", "dampening", "lr_decay", "rho", "alpha",
-     "initial_accumulator_value", "max_lr", "min_lr"}
-)  # fmt: skip
+    {
+        "lr",
+        "initial_lr",
+        "eps",
+        "weight_decay",
+        "momentum",
+        "dampening",
+        "lr_decay",
+        "rho",
+        "alpha",
+        "initial_accumulator_value",
+        "max_lr",
+        "min_lr",
+    }
+)
 
 
 def is_number(v: object) -> bool:

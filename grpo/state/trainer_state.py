@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import Self
 
+from grpo.rollout.dynamic_sampling import DRAWS_COMPONENT
 from grpo.state.checkpoint import (
     MAX_COUNT,
     POLICY_FILE,
@@ -78,9 +79,18 @@ if TYPE_CHECKING:
 __all__ = ["STATE_KEYS", "TrainerStateMixin"]
 
 STATE_KEYS = (
-    "step_count", "non_finite_steps", "policy", "reference_policy", "optimizer", "scheduler",
-    "generator", "components",
-)  # fmt: skip
+    "step_count",
+    "non_finite_steps",
+    "policy",
+    "reference_policy",
+    "optimizer",
+    "scheduler",
+    "generator",
+    "components",
+)
+OWN_COMPONENTS = ("advantage_estimator", DRAWS_COMPONENT, "async_rollouts", "reward_shift")
+"""The trainer's own stateful parts (attributes of the same names; None when off), saved in this
+order before the registered ones."""
 
 
 class TrainerStateMixin:
@@ -92,15 +102,29 @@ class TrainerStateMixin:
     optimizer: torch.optim.Optimizer | None
     scheduler: Any
     advantage_estimator: Any
+    dynamic_sampling: Any
+    async_rollouts: Any
+    reward_shift: Any
     step_count: int
     guard: Any
     config: Any
     generator: torch.Generator
-    _checkpoint_components: dict[str, Any]
     backend: Backend | None
+
+    def __init__(self) -> None:
+        self._registered: dict[str, Any] = {}  # register_checkpoint_state's objects, by name
 
     def sync_engine(self) -> None:
         """Give the generation engine the loaded weights (the trainer implements it)."""
+
+    @property
+    def non_finite_steps(self) -> int:
+        """Steps whose update was undone because the loss or the gradient was NaN/inf."""
+        return int(self.guard.non_finite_steps)
+
+    @non_finite_steps.setter
+    def non_finite_steps(self, value: int) -> None:
+        self.guard.non_finite_steps = value
 
     def register_checkpoint_state(self, name: str, obj: Any) -> None:
         """Save and restore ``obj`` (with ``state_dict()`` / ``load_state_dict()``) in checkpoints,
@@ -112,15 +136,17 @@ class TrainerStateMixin:
                 f"register_checkpoint_state({name!r}, ...) needs an object with state_dict() and "
                 f"load_state_dict(); {type(obj).__name__} lacks them."
             )
-        if name in ("advantage_estimator", "reward_shift", "async_rollouts"):
+        if name in OWN_COMPONENTS:
             raise ValueError(
                 f"register_checkpoint_state: {name!r} is the trainer's own; choose another name."
             )
-        self._checkpoint_components[name] = obj
+        self._registered[name] = obj
 
     def stateful_components(self) -> dict[str, Any]:
-        """The objects whose state dicts are saved besides the models (see the module docstring)."""
-        return {"advantage_estimator": self.advantage_estimator, **self._checkpoint_components}
+        """The objects whose state dicts are saved besides the models (see the module docstring):
+        the trainer's own (`OWN_COMPONENTS` that are on), then the registered ones."""
+        own = {name: getattr(self, name) for name in OWN_COMPONENTS}
+        return {k: v for k, v in own.items() if v is not None} | self._registered
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly (see the module docstring for the entries).
@@ -128,7 +154,7 @@ class TrainerStateMixin:
         Under FSDP a collective: every process must call it. Rank 0 gets the whole (gathered)
         policy weights and optimizer state; the other ranks get ``{}`` for those two entries.
         """
-        self._refuse_unless_checkpointable("state_dict")
+        self.check_checkpointable("state_dict")
         opt, sched = self.optimizer, self.scheduler
         ref = self.reference_policy
         sharded = self._sharded()
@@ -160,7 +186,7 @@ class TrainerStateMixin:
         are loaded (broadcast and sharded; the other ranks may pass the same or ``{}``); a state
         that does not fit raises `CheckpointError` on every rank.
         """
-        self._refuse_unless_checkpointable("load_state_dict")
+        self.check_checkpointable("load_state_dict")
         state = self._with_async_rollouts(state, source)
         sharded = self._sharded()
         if sharded is not None:
@@ -246,41 +272,25 @@ class TrainerStateMixin:
         """The backend's `grpo.engine.backends.ShardedWeights` when it shards the weights, else None."""
         return None if self.backend is None else self.backend.sharded_weights
 
-    def _sharded_policy_names(self, fsdp: ShardedWeights) -> dict[str, list[str]] | None:
-        """``policy_state`` key -> the sharded module's state-dict names it stands for (several for a
-        tied weight); None when the policy is the module itself (the keys are the names)."""
-        if self.policy is fsdp.module:
-            return None
-        if callable(getattr(self.policy, "state_dict", None)):
-            raise NotImplementedError(
-                f"under FSDP the trainer checkpoints a policy that is itself the sharded nn.Module, or "
-                f"one without state_dict() whose get_parameters() returns the module's parameters (as "
-                f"grpo.llm.CausalLMPolicy); {type(self.policy).__name__} has a state_dict() of its own "
-                f"around training_module(). Checkpoint the module yourself with "
-                f"trainer.backend.gathered_model_state_dict()."
-            )
-        raw: Any = self.policy.get_parameters()
-        items = raw.items() if isinstance(raw, Mapping) else enumerate(raw)
-        tensors = {str(k): v for k, v in items}
+    def _sharded_policy_state(self, sharded: ShardedWeights) -> dict[str, Any]:
+        """The policy's whole weights gathered by the backend (`ShardedWeights.policy_state`: on
+        rank 0, ``{}`` elsewhere); a collective. A policy it cannot map raises on every rank."""
         try:
-            return fsdp.state_dict_names(tensors)
+            sharded.check_policy(self.policy)
         except ValueError as e:
             raise CheckpointError(str(e)) from e
+        return sharded.policy_state(self.policy)
 
-    def _sharded_policy_state(self, fsdp: ShardedWeights) -> dict[str, Any]:
-        """The policy's full weights in `grpo.state.checkpoint.policy_state`'s format on rank 0 (``{}``
-        elsewhere); a collective."""
-        names = self._sharded_policy_names(fsdp)  # before the collective: raises on every rank alike
-        full = fsdp.gathered_model_state_dict()
-        if names is None or not full:
-            return full
-        return {k: full[n[0]] for k, n in names.items()}
-
-    def _sharded_load_state_dict(self, fsdp: ShardedWeights, state: Mapping[str, Any], source: str) -> None:
-        """`load_state_dict` under FSDP: every rank checks what it can (rank 0 also the weights
-        and the optimizer state), the verdicts are all-gathered, then the loads are collectives."""
-        names = self._sharded_policy_names(fsdp)
-        weights: dict[str, Any] = {}
+    def _sharded_load_state_dict(
+        self, sharded: ShardedWeights, state: Mapping[str, Any], source: str
+    ) -> None:
+        """`load_state_dict` where the backend shards the weights: every rank checks what it can,
+        then `ShardedWeights.load_policy_state` agrees over the ranks (rank 0 also checks the
+        weights and the optimizer state) and loads the weights; the rest loads as usual."""
+        try:
+            sharded.check_policy(self.policy)
+        except ValueError as e:
+            raise CheckpointError(str(e)) from e
         problem: str | None = None
         try:
             self._check_state(state, source)
@@ -288,28 +298,11 @@ class TrainerStateMixin:
             if ref is not None:
                 problem = weights_problem(policy_state(ref, "reference_policy"), state["reference_policy"])
                 problem = problem and f"{source}: reference_policy: {problem}"
-            if problem is None and fsdp.rank == 0:
-                given = state["policy"]
-                if names is None:
-                    weights = dict(given)
-                elif set(given) != set(names):
-                    problem = (
-                        f"{type(self.policy).__name__}.get_parameters() has tensors {sorted(names)[:8]} "
-                        f"but the checkpoint has {sorted(given)[:8]}"
-                    )
-                else:
-                    weights = {n: given[k] for k, ns in names.items() for n in ns}
-                problem = problem or fsdp.model_state_problem(weights, strict=names is None)
-                problem = problem or fsdp.optimizer_state_problem(state["optimizer"])
-                problem = problem and f"{source}: {problem}"
         except CheckpointError as e:
             problem = str(e)
-        verdicts: list[str | None] = [None] * fsdp.world_size
-        torch.distributed.all_gather_object(verdicts, problem)
-        first = next((v for v in verdicts if v is not None), None)
+        first = sharded.load_policy_state(self.policy, state, problem, source)
         if first is not None:
             raise CheckpointError(first)
-        fsdp.load_model_state_dict(weights, strict=names is None)
         if self.reference_policy is not None:
             load_policy_state(self.reference_policy, state["reference_policy"], "reference_policy")
         assert self.backend is not None
@@ -496,7 +489,7 @@ class TrainerStateMixin:
         from grpo.state import checkpoint
 
         keep = self.config.checkpoint_keep_last if keep_last is None else keep_last
-        self._refuse_unless_checkpointable("save_checkpoint")
+        self.check_checkpointable("save_checkpoint")
         state = self.state_dict()
         return main_process_only(  # under torchrun rank 0 writes, the other ranks wait for it
             lambda: checkpoint.save_checkpoint(state, self.config.to_dict(), directory, keep_last=keep),
@@ -512,7 +505,7 @@ class TrainerStateMixin:
         from grpo.engine.distributed import reseed_other_ranks
         from grpo.state import checkpoint
 
-        self._refuse_unless_checkpointable("load_checkpoint")
+        self.check_checkpointable("load_checkpoint")
         loaded = checkpoint.load_checkpoint(self, path)
         reseed_other_ranks(self.config.seed, self.step_count)  # ranks > 0: their own RNG streams
         return loaded
@@ -568,14 +561,6 @@ class TrainerStateMixin:
             raise
         return trainer
 
-    @property
-    def deepspeed_stage(self) -> int | None:
-        """The DeepSpeed ZeRO stage (1, 2 or 3) when DeepSpeed runs the backward pass and optimizer
-        step (``GRPOConfig.deepspeed``), else None."""
-        from grpo.engine.setup import deepspeed_stage
-
-        return deepspeed_stage(self.backend)
-
     def gathered_weights(self) -> contextlib.AbstractContextManager[None]:
         """A context manager within which the policy's weights (and those of the reference copy)
         hold their full values on every rank: under DeepSpeed ZeRO-3 each rank otherwise keeps
@@ -583,8 +568,10 @@ class TrainerStateMixin:
         reading (comparing, exporting); changes made inside are discarded."""
         return contextlib.nullcontext() if self.backend is None else self.backend.gathered()
 
-    def _refuse_unless_checkpointable(self, what: str) -> None:
-        """Refuse where the backend's state cannot be held by one checkpoint (DeepSpeed)."""
+    def check_checkpointable(self, what: str) -> None:
+        """Raise NotImplementedError naming ``what`` where the backend's state cannot be held by one
+        checkpoint (``Backend.checkpointable`` False: DeepSpeed); the training loop asks before
+        its first step."""
         if self.backend is not None and not self.backend.checkpointable:
             raise NotImplementedError(
                 f"GRPOTrainer.{what} is not supported with DeepSpeed ZeRO: the optimizer state is "

@@ -106,12 +106,6 @@ class TrainerLike(Protocol):
         ...
 
     @property
-    def deepspeed_stage(self) -> int | None:
-        """The DeepSpeed ZeRO stage (1, 2 or 3) when DeepSpeed runs the update, else None (the loop
-        refuses checkpoints under DeepSpeed)."""
-        ...
-
-    @property
     def step_threads(self) -> int | None:
         """The intra-op threads a step runs with (None: torch's own setting); evaluations in the
         loop run with them too."""
@@ -138,6 +132,11 @@ class TrainerLike(Protocol):
     def stateful_components(self) -> dict[str, Any]:
         """The objects whose state is saved in checkpoints besides the models (those given to
         ``register_checkpoint_state``); a states source among them restores its own position."""
+        ...
+
+    def check_checkpointable(self, what: str) -> None:
+        """Raise NotImplementedError naming ``what`` where the trainer cannot save or load its
+        checkpoints (its backend's state is partitioned: DeepSpeed)."""
         ...
 
     def save_checkpoint(self, directory: str | os.PathLike[str]) -> Path:

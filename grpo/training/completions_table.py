@@ -6,7 +6,7 @@ step (the main process's samples under torchrun) to a JSONL file and/or a W&B ta
     {"step": 10, "group": 0, "prompt": "1+2=", "completion": "3<eos>", "reward/exact": 1.0,
      "reward/format": 0.5, "reward": 1.1, "advantage": 0.87}
 
-``reward/<name>`` is each component's unweighted reward (a `grpo.CombinedReward` or the LLM
+``reward/<name>`` is each component's unweighted reward (a `grpo.reward_model_base.CombinedReward` or the LLM
 `grpo.llm.RewardFunctions`; absent with a single reward), ``reward`` the total reward the
 advantages were computed from, ``advantage`` the sample's advantage (for per-step advantages
 (N, T): their mean over the sample's valid steps). Rows are group-major: the G samples of group 0,

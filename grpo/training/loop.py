@@ -47,13 +47,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import logging
 import os
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from typing_extensions import Unpack
 
 from grpo.engine.distributed import get_world_size, is_main_process, rank_batches
 from grpo.engine.lr_schedules import schedule_length_problem
@@ -76,8 +79,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EvalOptions",
+    "TrainOptions",
     "TrainState",
     "TrainerLike",
+    "TrainingLoopMixin",
     "evaluate",
     "iter_state_batches",
     "resume_problem",
@@ -88,20 +93,51 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
+class TrainOptions(TypedDict, total=False):
+    """The keyword options of `train` (and `GRPOTrainer.train`), each optional; `train` documents
+    them."""
+
+    eval_states: Any
+    eval_every: int | None
+    eval_options: EvalOptions | None
+    callbacks: Sequence[Any]
+    sinks: Sequence[Any]
+    checkpoint_dir: str | os.PathLike[str] | None
+    resume_from: str | os.PathLike[str] | None
+    progress: Progress
+    log_every: int | None
+
+
+class TrainingLoopMixin:
+    """`GRPOTrainer.evaluate` and `GRPOTrainer.train`: the loop's entry points on the trainer (a
+    `TrainerLike`)."""
+
+    def evaluate(
+        self: TrainerLike, states: Any, *, seed: int | None = None, **generate_kwargs: Any
+    ) -> dict[str, float]:
+        """Mean reward of G sampled actions per state; no update, no weight change, RNGs untouched.
+
+        Returns ``eval/reward/{mean,std,min,max}``, ``eval/reward/<component>/mean`` and
+        ``time/eval`` over all ``n * G`` samples, run with the step's intra-op threads; see
+        `grpo.training.evaluation.evaluate`.
+        """
+        with intra_op_threads(self.step_threads):
+            return evaluate(self, states, seed=seed, **generate_kwargs)
+
+    def train(
+        self: TrainerLike, states_source: Any, num_steps: int, **options: Unpack[TrainOptions]
+    ) -> TrainState:
+        """Run steps until ``step_count == num_steps``, with progress, evaluation, sinks and
+        checkpoints; the options (`TrainOptions`: ``eval_states``, ``eval_every``,
+        ``eval_options``, ``callbacks``, ``sinks``, ``checkpoint_dir``, ``resume_from``,
+        ``progress``, ``log_every``) are those of `grpo.training.loop.train`, which documents
+        them. Returns its `TrainState` (history, eval history, checkpoints, stop reason).
+        """
+        return train(self, states_source, num_steps, **options)
+
+
 def train(
-    trainer: TrainerLike,
-    states_source: Any,
-    num_steps: int,
-    *,
-    eval_states: Any = None,
-    eval_every: int | None = None,
-    callbacks: Sequence[Any] = (),
-    sinks: Sequence[Any] = (),
-    checkpoint_dir: str | os.PathLike[str] | None = None,
-    resume_from: str | os.PathLike[str] | None = None,
-    progress: Progress = True,
-    log_every: int | None = None,
-    eval_options: EvalOptions | None = None,
+    trainer: TrainerLike, states_source: Any, num_steps: int, **options: Unpack[TrainOptions]
 ) -> TrainState:
     """Run ``trainer.step`` until ``trainer.step_count == num_steps``, with progress, evaluation,
     sinks, callbacks and checkpoints (`GRPOTrainer.train` calls this; the module docstring tells
@@ -132,16 +168,28 @@ def train(
         The `TrainState`: ``history`` (one record per step), ``eval_history``, ``checkpoints``,
         ``stop_reason``.
     """
+    _check_option_names(options)
+    eval_states, eval_every = options.get("eval_states"), options.get("eval_every")
+    progress, log_every = options.get("progress", True), options.get("log_every")
+    checkpoint_dir, resume_from = options.get("checkpoint_dir"), options.get("resume_from")
     _check_arguments(num_steps, eval_states, eval_every, progress, log_every)
-    options = _checked_eval_options(trainer, eval_options, eval_states)
+    eval_options = _checked_eval_options(trainer, options.get("eval_options"), eval_states)
     _check_checkpointing(trainer, checkpoint_dir, resume_from)
-    callbacks, sinks = _checked_hooks(callbacks, sinks)
+    callbacks, sinks = _checked_hooks(options.get("callbacks", ()), options.get("sinks", ()))
     if not is_main_process():  # under torchrun only rank 0 logs (metrics are already global)
         sinks, progress = [], False
     state = TrainState(trainer=trainer, num_steps=num_steps)
     run = _Run(
-        trainer.config, state, num_steps, eval_states, eval_every, options, callbacks, sinks, checkpoint_dir
-    )  # fmt: skip
+        config=trainer.config,
+        state=state,
+        num_steps=num_steps,
+        eval_states=eval_states,
+        eval_every=eval_every,
+        eval_options=eval_options,
+        callbacks=callbacks,
+        sinks=sinks,
+        checkpoint_dir=checkpoint_dir,
+    )
     _resume_and_plan(run, states_source, resume_from)
     batches = _prefetched(run, _open_source(run, states_source, resume_from), states_source)
     _call(callbacks, "on_train_start", state)
@@ -175,6 +223,18 @@ class _Run:
 # ---- checks, before any step ----------------------------------------------------------------
 def _is_positive_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def _check_option_names(options: Mapping[str, Any]) -> None:
+    """Refuse a keyword that is not a `TrainOptions` key, naming the closest one."""
+    known = TrainOptions.__annotations__
+    for name in options:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise TypeError(
+                f"train() got an unexpected keyword argument {name!r}; {hint}options: {sorted(known)}."
+            )
 
 
 def _check_arguments(
@@ -221,7 +281,7 @@ def _check_checkpointing(
     resume_from: str | os.PathLike[str] | None,
 ) -> None:
     """Refuse ``config.checkpoint_freq`` without a ``checkpoint_dir``, a ``checkpoint_dir`` that
-    cannot hold checkpoints, and checkpoints under DeepSpeed (which the trainer cannot save)."""
+    cannot hold checkpoints, and checkpoints the trainer cannot save (`TrainerLike.check_checkpointable`)."""
     freq = trainer.config.checkpoint_freq
     if freq is not None and checkpoint_dir is None:
         raise ValueError(
@@ -230,14 +290,8 @@ def _check_checkpointing(
         )
     if checkpoint_dir is not None:
         _check_checkpoint_dir(Path(checkpoint_dir))
-    zero_stage = trainer.deepspeed_stage
-    if zero_stage is not None and (checkpoint_dir or resume_from) is not None:
-        raise NotImplementedError(
-            f"train(checkpoint_dir=..., resume_from=...) needs GRPOTrainer checkpoints, which DeepSpeed "
-            f"ZeRO-{zero_stage} does not support (the optimizer state is partitioned over "
-            f"the processes). Save the model with the policy's save_pretrained from a callback, or "
-            f"train with GRPOConfig(deepspeed='off')."
-        )
+    if (checkpoint_dir or resume_from) is not None:
+        trainer.check_checkpointable("train(checkpoint_dir=..., resume_from=...)")
 
 
 def _check_checkpoint_dir(path: Path) -> None:

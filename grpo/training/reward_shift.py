@@ -76,12 +76,18 @@ import copy
 import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from grpo.policy_base import set_training_mode
+from grpo.rollout.batch import ExperienceBatch, evaluate_log_probs
 from grpo.state.checks import optimizer_problem, scheduler_problem
+
+if TYPE_CHECKING:
+    from grpo.advantage_estimator import Advantages
+    from grpo.engine.setup import TrainerSetup
 
 __all__ = [
     "CONFIRM_GROUPS",
@@ -224,34 +230,34 @@ class RewardShiftRestart:
         self.incumbent: list[Tensor] | None = None
         self.incumbent_optimizer: dict[str, Any] = {}  # their states at the restart ({}: none)
         self.incumbent_scheduler: dict[str, Any] = {}
+        self.run: TrainerSetup | None = None  # the trainer's (from_config): its policy, backend, ranks
         self.probe = [0.0, 0.0, 0.0]  # the probation's incumbent advantages: [sum, sum of squares, n]
         self.restarts = self.given_back = self.probation_steps = 0
         self._reset_statistics()
 
     @classmethod
-    def from_config(
-        cls,
-        config: Any,
-        params: Sequence[Tensor],
-        *,
-        sharded: bool = False,
-        optimizer: torch.optim.Optimizer | None = None,
-        scheduler: Any = None,
-    ) -> RewardShiftRestart | None:
-        """The trainer's restart rule (``GRPOConfig.reward_shift_z``), or None when it is off.
-        ``sharded``: the weights are partitioned over processes (FSDP, DeepSpeed): refused."""
+    def from_config(cls, config: Any, run: TrainerSetup) -> RewardShiftRestart | None:
+        """The restart rule (``GRPOConfig.reward_shift_z``) of a trainer set up as ``run``
+        (`grpo.engine.setup.TrainerSetup`: its weights, optimizer and schedule, and for
+        `observe_step` its policy, device, backend and processes), or None when it is off.
+        Weights partitioned over processes (FSDP, DeepSpeed) are refused."""
         if config.reward_shift_z is None:
             return None
-        if sharded:
+        if run.backend is not None and not run.backend.local_weights:
             raise ValueError(
                 "GRPOConfig.reward_shift_z keeps a copy of the starting weights and copies it back "
                 "into the policy, which needs the whole weights on every process: not with fsdp=True "
                 "or DeepSpeed. Set reward_shift_z=None (or deepspeed='off')."
             )
-        return cls(
-            params, z=config.reward_shift_z, settled_kl=config.reward_shift_kl, optimizer=optimizer,
-            scheduler=scheduler,
-        )  # fmt: skip
+        watch = cls(
+            run.params,
+            z=config.reward_shift_z,
+            settled_kl=config.reward_shift_kl,
+            optimizer=run.optimizer,
+            scheduler=run.scheduler,
+        )
+        watch.run = run
+        return watch
 
     def _reset_statistics(self) -> None:
         self.fast = self.slow = self.spread = self.lo = self.hi = math.nan
@@ -276,6 +282,39 @@ class RewardShiftRestart:
         with torch.no_grad():
             for p, v in zip(self.params, values, strict=True):
                 p.copy_(v)
+
+    def observe_step(
+        self, metrics: dict[str, float], batch: ExperienceBatch, advantages: Advantages
+    ) -> dict[str, float]:
+        """`observe` one trainer step: its reduced metrics over the ``batch``'s samples on every
+        process and, while a restart is on probation, the incumbent's advantages in its groups
+        (`probation_sums`, summed over processes). Needs the trainer's `from_config`."""
+        assert self.run is not None, "observe_step() needs a RewardShiftRestart.from_config(config, run)"
+        sums = self.probation_sums(batch, advantages)
+        if sums is not None and self.run.backend is not None:
+            sums = self.run.backend.global_sum(sums)
+        world = 1 if self.run.distributed is None else self.run.distributed.world_size
+        return self.observe(metrics, batch.num_samples * world, None if sums is None else sums.tolist())
+
+    def probation_sums(self, batch: ExperienceBatch, advantages: Advantages) -> Tensor | None:
+        """This process's `incumbent_advantages` in ``batch``'s groups while a restart is on
+        probation (one forward of the batch with the incumbent's weights, no grad), else None (no
+        probation, or a batch without behaviour log-probs)."""
+        if self.incumbent is None or batch.old_log_probs is None or self.run is None:
+            return None
+        policy = self.run.policy
+        with self.incumbent_weights():
+            set_training_mode(policy, False)
+            inc = evaluate_log_probs(policy, batch, device=self.run.device, check_inf=False)
+        return incumbent_advantages(
+            inc.log_probs,
+            batch.old_log_probs,
+            batch.mask,
+            advantages.values,
+            batch.group_ids,
+            batch.num_groups,
+            advantages.keep,
+        )
 
     def observe(
         self, metrics: dict[str, float], num_samples: int, incumbent: Sequence[float] | None = None
@@ -324,9 +363,15 @@ class RewardShiftRestart:
             "from the starting weights on probation: the restarted policy's next %d steps judge "
             "the policy it replaces, which comes back if they still favour it (restart %d; "
             "GRPOConfig.reward_shift_z=None turns this off).",
-            score, self.fast, self.slow,
-            sum(self.kl) / len(self.kl), self.settled_kl, len(self.kl), PROBATION_STEPS, self.restarts + 1,
-        )  # fmt: skip
+            score,
+            self.fast,
+            self.slow,
+            sum(self.kl) / len(self.kl),
+            self.settled_kl,
+            len(self.kl),
+            PROBATION_STEPS,
+            self.restarts + 1,
+        )
         self.incumbent = [p.detach().clone() for p in self.params]
         if self.optimizer is not None:
             self.incumbent_optimizer = copy.deepcopy(self.optimizer.state_dict())
@@ -354,8 +399,10 @@ class RewardShiftRestart:
                 "reward shift: the restarted policy's %d groups still favour the policy it replaced "
                 "(its mean advantage in them %.3g, %.3g standard errors above 0): the task got harder "
                 "or its rewards were rescaled, not changed; giving that policy back.",
-                n, mean, z,
-            )  # fmt: skip
+                n,
+                mean,
+                z,
+            )
             self._load(self.incumbent)
             if self.optimizer is not None and self.incumbent_optimizer:
                 self.optimizer.load_state_dict(self.incumbent_optimizer)
@@ -369,8 +416,10 @@ class RewardShiftRestart:
                 "reward shift: the restarted policy's %d groups do not favour the policy it replaced "
                 "(its mean advantage in them %.3g, %.3g standard errors): the task changed; the restart "
                 "stands.",
-                n, mean, z,
-            )  # fmt: skip
+                n,
+                mean,
+                z,
+            )
         self.incumbent, self.incumbent_optimizer, self.incumbent_scheduler = None, {}, {}
         return z > CONFIRM_Z
 

@@ -55,7 +55,8 @@ Such a run has three causes, told apart in this order:
   too small for the network, (nearly) zero advantages, every ratio clipped, a tiny gradient).
 
 A step that is not stalled ends the stall; the next one warns again. Silence the warnings with
-``warnings.filterwarnings("ignore", category=grpo.StallWarning)``, or ``StallWatch(steps=None)``.
+``warnings.filterwarnings("ignore", category=grpo.training.stall_watch.StallWarning)``, or
+``StallWatch(steps=None)``.
 The counters are not part of checkpoints: a resumed run counts from 0.
 """
 
@@ -172,9 +173,11 @@ class StallWatch:
     def from_config(cls, config: Any, optimizer: Any = None, scheduler: Any = None) -> StallWatch:
         """A watch with the default thresholds and ``config``'s ``kl_coeff`` / ``entropy_coeff``."""
         return cls(
-            optimizer=optimizer, scheduler=scheduler,
-            optimizer_steps_per_step=config.optimizer_steps_per_step, config=config,
-        )  # fmt: skip
+            optimizer=optimizer,
+            scheduler=scheduler,
+            optimizer_steps_per_step=config.optimizer_steps_per_step,
+            config=config,
+        )
 
     @property
     def kl_coeff(self) -> float:
@@ -229,8 +232,9 @@ class StallWatch:
                 "solved: for the last %d steps every sample reached the highest reward seen (%s); "
                 "nothing is left to learn from these states: stop (EarlyStopping on "
                 "eval/reward/mean) or train on harder ones.",
-                len(self._flat), values,
-            )  # fmt: skip
+                len(self._flat),
+                values,
+            )
             return
         self._warn(self._flat_message())
 
@@ -313,9 +317,11 @@ class StallWatch:
                 "its rewards are at their best (running mean %s), so its updates have become "
                 "vanishingly small (optim/update_ratio %s). Success, not a stall: stop (EarlyStopping "
                 "on eval/reward/mean) or train on harder states.",
-                _fmt(metrics.get("policy/entropy", math.nan)), _fmt(CONVERGED_ENTROPY),
-                _fmt(self.reward_ema), _fmt(metrics.get("optim/update_ratio", math.nan)),
-            )  # fmt: skip
+                _fmt(metrics.get("policy/entropy", math.nan)),
+                _fmt(CONVERGED_ENTROPY),
+                _fmt(self.reward_ema),
+                _fmt(metrics.get("optim/update_ratio", math.nan)),
+            )
         else:
             self._warn(self._update_message())
 

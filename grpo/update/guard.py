@@ -227,7 +227,7 @@ class UpdateGuard:
             self._snapshot.capture(list(params), optimizer, scheduler)
             self._active = self._snapshot
             weights = self._snapshot.params
-            before = self._snapshot._buffers[: len(weights)]  # its copy of the weights, in order
+            before = self._snapshot.saved_params  # its copy of the weights, in order
         elif backend.local_weights:
             weights, before = self._copy_weights(optimizer)
         try:

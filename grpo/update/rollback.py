@@ -93,6 +93,12 @@ class UpdateSnapshot:
         torch._foreach_copy_(self._buffers, sources)  # detached sources: no autograd involved
         self.captured = True
 
+    @property
+    def saved_params(self) -> list[Tensor]:
+        """The captured copies of `params`' values (local shards), in their order; valid until
+        the next `capture` overwrites them."""
+        return self._buffers[: len(self.params)]
+
     def restore(self) -> None:
         """Put every value back (bitwise) and clear the gradients."""
         if not self.captured:

@@ -36,7 +36,7 @@ def kill_the_worker(prompts: list[Any], completions: list[str], **columns: Any) 
 
 def slow_policy(marker: str) -> Any:
     """A make_policy that says it started (writes ``marker``), then takes a minute."""
-    from grpo import categorical_mlp
+    from grpo.policies import categorical_mlp
 
     Path(marker).write_text("building")
     time.sleep(60.0)

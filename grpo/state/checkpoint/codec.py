@@ -29,11 +29,23 @@ from grpo.state.checkpoint.layout import STATE_FILE, STATE_JSON
 from grpo.state.checkpoint.tree import decode, tree_field
 
 ST_DTYPES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
-    "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool", "U16": "uint16",
-    "U32": "uint32", "U64": "uint64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+    "U16": "uint16",
+    "U32": "uint32",
+    "U64": "uint64",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
     "C64": "complex64",
-}  # fmt: skip
+}
 """safetensors dtype names -> the torch dtypes grpo loads."""
 
 Header = dict[str, tuple[torch.dtype, tuple[int, ...]]]

@@ -32,9 +32,20 @@ MAX_STATE_JSON_BYTES = 256 * 2**20
 MAX_COUNT = 2**63 - 1
 """Step counters above this are refused."""
 META_KEYS = frozenset(
-    {"format", "version", "step", "torch_version", "config", "scalars", "policy", "reference",
-     "state_aliases", "tree", "files"}
-)  # fmt: skip
+    {
+        "format",
+        "version",
+        "step",
+        "torch_version",
+        "config",
+        "scalars",
+        "policy",
+        "reference",
+        "state_aliases",
+        "tree",
+        "files",
+    }
+)
 TREE_KEYS = frozenset({"optimizer", "scheduler", "rng", "components"})
 
 

@@ -26,9 +26,23 @@ MAX_DEPTH = 64
 """JSON nesting deeper than this is refused (grpo's own trees are < 10 deep)."""
 MARKERS = ("__tensor__", "__tuple__", "__items__", "__ndarray__", "__dtype__")
 NP_DTYPES = frozenset(
-    {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
-     "float32", "float64", "complex64", "complex128"}
-)  # fmt: skip
+    {
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+    }
+)
 """The NumPy dtypes `decode` makes arrays of."""
 
 TensorSink = Callable[[str, Tensor], str]
