@@ -14,8 +14,9 @@ the round number, so both sample the same tokens and make the same update: their
 bitwise equal (checked after every round, printed), and the only difference between the sides is
 the sampler. The sides alternate order each round (kv first, then generate first) and every ratio
 is taken within a round, so a load change between rounds cancels. Printed: each round's
-wall and CPU seconds per step (CPU: this process's time, ``time.process_time``, with one torch
-thread: the work done, barely moved by other processes on a loaded machine) and the ratios
+wall and CPU seconds per step (CPU: this process's time, ``time.process_time``: the work done,
+less moved by other processes on a loaded machine; the step's torch threads are
+``GRPOConfig(num_threads="auto")``'s, one for this tiny policy) and the ratios
 ``generate / kv``; for each, the median ratio with its min-max spread and the median share of a
 step the KV loop saves, ``1 - kv / generate``; the machine's load average before and after.
 """
@@ -69,9 +70,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: CPU time = work)")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
     from grpo.llm.tiny import build_tiny_model, build_tiny_tokenizer
 
     load_before = os.getloadavg()
