@@ -185,12 +185,14 @@ def test_llm_train_back_fills_and_its_behaviour_log_probs_fit_the_joined_batch(t
     recorded at collection, over the joined batch of two draws' completions: they equal a forward
     of a policy with the collection's weights over that batch."""
     pytest.importorskip("transformers")
-    from grpo.llm import CausalLMPolicy, RewardFunctions
+    from grpo.llm import CausalLMPolicy, RewardFunctions, SamplingSettings
     from grpo.rollout.batch import evaluate_log_probs
     from tests.llm_helpers import build_model, build_tokenizer
 
     tok = build_tokenizer(tmp_path / "tok")
-    policy = CausalLMPolicy(build_model(tmp_path / "m", tok), tok, max_new_tokens=5, temperature=1.0)
+    policy = CausalLMPolicy(
+        build_model(tmp_path / "m", tok), tok, SamplingSettings(max_new_tokens=5, temperature=1.0)
+    )
     config = GRPOConfig(
         group_size=2, batch_size=2, seed=0, learning_rate=1e-3, mini_batch_size=1,
         drop_zero_variance_groups=True, max_sampling_draws=3, kl_coeff=0.0,
@@ -205,7 +207,9 @@ def test_llm_train_back_fills_and_its_behaviour_log_probs_fit_the_joined_batch(t
     assert batch.old_log_probs is not None
     assert batch.mask is not None
     # the weights have moved since: compare with a fresh policy of the same weights as at collection
-    fresh = CausalLMPolicy(build_model(tmp_path / "m2", tok), tok, max_new_tokens=5, temperature=1.0)
+    fresh = CausalLMPolicy(
+        build_model(tmp_path / "m2", tok), tok, SamplingSettings(max_new_tokens=5, temperature=1.0)
+    )
     fresh.eval()
     with torch.no_grad():
         lp = evaluate_log_probs(fresh, batch, device=torch.device("cpu"))
