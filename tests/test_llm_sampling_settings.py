@@ -91,7 +91,8 @@ def test_the_policy_takes_one_object_and_no_sampling_keyword(tmp_path) -> None:
 
 def test_the_cli_builds_the_settings_once_from_its_flags(tmp_path) -> None:
     """Every sampling flag of grpo-train lands in the policy's one `SamplingSettings` object."""
-    from grpo.llm.cli import _build_policy, parse_args
+    from grpo.llm.cli_run import build_policy
+    from grpo.llm.cli_options import parse_args
 
     flags = {
         "max_new_tokens": 7, "min_new_tokens": 1, "temperature": 0.6, "top_p": 0.9, "top_k": 4,
@@ -103,5 +104,5 @@ def test_the_cli_builds_the_settings_once_from_its_flags(tmp_path) -> None:
     for name, value in flags.items():
         argv += [f"--{name.replace('_', '-')}", str(value)]
     tok = build_tiny_tokenizer(tmp_path)
-    policy = _build_policy(parse_args(argv), build_tiny_model(tmp_path, tok, hidden=16, layers=1), tok)
+    policy = build_policy(parse_args(argv), build_tiny_model(tmp_path, tok, hidden=16, layers=1), tok)
     assert policy.sampling == SamplingSettings(**flags)

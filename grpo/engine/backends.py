@@ -85,6 +85,7 @@ class Backend(Protocol):
             numbers of states on different processes before any forward, instead of hanging.
         checkpointable: `GRPOTrainer.state_dict` can hold this backend's whole state (False for
             DeepSpeed, whose optimizer state stays partitioned over the processes).
+        name: what the backend is, for messages ("one process", "DDP", "FSDP2", "DeepSpeed ZeRO-2").
         sharded_weights: None when the weights are whole tensors of the policy on every process
             (the trainer reads and writes them through the policy); else the `ShardedWeights`
             that gathers them for a checkpoint and shards them back on load (FSDP).
@@ -96,6 +97,7 @@ class Backend(Protocol):
     local_weights: bool
     lockstep_forwards: bool
     checkpointable: bool
+    name: str
     sharded_weights: ShardedWeights | None
 
     def zero_grad(self) -> None:
@@ -196,6 +198,7 @@ class LocalBackend:
     local_weights = True
     lockstep_forwards = False
     checkpointable = True
+    name = "one process"
     sharded_weights: ShardedWeights | None = None
 
     def __init__(
@@ -287,6 +290,8 @@ class DataParallelBackend(LocalBackend):
     loss rides in the last gradient bucket's all-reduce, so every rank decides on the same
     global loss and norm (see `grpo.engine.distributed`).
     """
+
+    name = "DDP"
 
     def __init__(
         self,

@@ -468,6 +468,7 @@ class DeepSpeedBackend:
         _join_process_group(world_size, device)
         self.world_size = world_size
         self.stage = int(self.config["zero_optimization"]["stage"])
+        self.name = f"DeepSpeed ZeRO-{self.stage}"
         self.lockstep_forwards = self.stage == 3  # each forward all-gathers the partitioned weights
         engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.config)
         self.engine: Any = engine

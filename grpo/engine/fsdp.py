@@ -303,6 +303,7 @@ class FSDPBackend:
     supports_rollback = True  # grpo.update.rollback copies each rank's local shards (bitwise, tested)
     local_weights = False  # partitioned: the guard's weight and gradient checks do not apply
     lockstep_forwards = False
+    name = "FSDP2"
     checkpointable = True  # gathered into one whole state on rank 0 (GRPOTrainer.state_dict)
 
     def __init__(

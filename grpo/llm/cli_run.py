@@ -178,7 +178,7 @@ def _policy_and_rewards(
     """The `CausalLMPolicy` and the ``--reward`` functions; with ``--env`` the `MultiTurnPolicy`
     playing ``make_env``'s episodes with it and the environment's `ConversationReward`
     (``--per-turn-credit``: turn-level credit discounted by ``config.gamma``)."""
-    lm = _build_policy(args, *_load_model(args, transformers))
+    lm = build_policy(args, *_load_model(args, transformers))
     if make_env is None:
         return lm, build_rewards(args)
     policy = MultiTurnPolicy(lm, make_env, max_turns=args.max_turns, max_total_tokens=args.max_total_tokens)
@@ -245,7 +245,7 @@ def _load_model(args: argparse.Namespace, transformers: Any) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def _build_policy(args: argparse.Namespace, model: Any, tokenizer: Any) -> CausalLMPolicy:
+def build_policy(args: argparse.Namespace, model: Any, tokenizer: Any) -> CausalLMPolicy:
     """The `CausalLMPolicy` with the generation and log-prob options of ``args``: the sampling
     flags become one `SamplingSettings` (named after its fields, so the flags are read by name)."""
     from grpo.llm.sampling_settings import SamplingSettings

@@ -574,8 +574,9 @@ class TrainerStateMixin:
         its first step."""
         if self.backend is not None and not self.backend.checkpointable:
             raise NotImplementedError(
-                f"GRPOTrainer.{what} is not supported with DeepSpeed ZeRO: the optimizer state is "
-                f"partitioned over the processes, and the trainer's checkpoint holds one optimizer "
+                f"GRPOTrainer.{what} needs GRPOTrainer checkpoints, which {self.backend.name} does not "
+                f"support: the optimizer state is partitioned over the processes, and the trainer's "
+                f"checkpoint holds one optimizer "
                 f"state. Save the model itself (e.g. CausalLMPolicy.save_pretrained, as grpo-train "
                 f"does), or train without DeepSpeed (GRPOConfig(deepspeed='off')) to get resumable "
                 f"checkpoints."

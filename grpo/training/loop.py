@@ -150,6 +150,8 @@ def train(
             ``checkpoint_dir`` or ``resume_from`` one that cannot resume exactly warns).
         num_steps: the step count at which to stop (total, counting steps already done and those
             restored by ``resume_from``).
+
+    Options (``**options``, the keys of `TrainOptions`):
         eval_states: states to evaluate on (`evaluate`) every ``eval_every`` steps.
         eval_every: evaluation period in steps (needs ``eval_states``).
         eval_options: `EvalOptions` of each evaluation (group size, temperature, pass@k, maj@k;
