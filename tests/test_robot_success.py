@@ -292,3 +292,32 @@ def test_length_bias_warning_where_whole_episode_success_meets_a_length_weighted
             warnings.simplefilter("error", LengthBiasWarning)
             metrics = trainer(reward, aggregation).step([0, 1, 2, 3])
         assert 0.0 < metrics["episode/success_rate"] < 1.0  # mixed groups: the case that would warn
+
+
+def test_finetune_success_recipe_trains_on_success_without_the_length_bias() -> None:
+    """GRPOConfig.recipe("finetune_success"): a fixed rate (no adaptive fall to 1e-5), clip-higher,
+    per-step credit on an env ending on success trains without a LengthBiasWarning."""
+    import warnings
+
+    from grpo.gym.episodes import EpisodeRewards
+
+    config = GRPOConfig.recipe("finetune_success", batch_size=2, seed=0)
+    assert (config.learning_rate, config.adaptive_lr_kl, config.group_size) == (3e-4, None, 8)
+    assert (config.clip_epsilon, config.clip_epsilon_high, config.loss_aggregation) == (
+        0.2,
+        0.28,
+        "token-mean",
+    )
+    torch.manual_seed(0)
+    policy = EpisodePolicy(
+        lambda: EndOnSuccess(SeededStarts(IgnoresSeed(), seed_rng)), gaussian_mlp(2, 1, hidden=(8,))
+    )
+    trainer = GRPOTrainer(config, policy, EpisodeRewards())
+    before = [p.detach().clone() for p in policy.parameters()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LengthBiasWarning)
+        metrics = trainer.step([0, 1])
+    assert 0.0 <= metrics["episode/success_rate"] <= 1.0
+    assert trainer.optimizer is not None
+    assert trainer.optimizer.param_groups[0]["lr"] == 3e-4
+    assert any(not torch.equal(a, b) for a, b in zip(before, policy.parameters(), strict=True))
