@@ -95,14 +95,14 @@ def gym() -> str:
 
 def tiny_lm() -> str:
     from grpo import GRPOConfig, GRPOTrainer
-    from grpo.llm import CausalLMPolicy
+    from grpo.llm import CausalLMPolicy, SamplingSettings
     from grpo.llm.tiny import build_tiny_model, build_tiny_tokenizer
 
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as d:
         tok = build_tiny_tokenizer(d, pad_is_eos=True)
         model = build_tiny_model(d, tok, arch="qwen2", hidden=32, layers=2, heads=4, seed=0)
-        policy = CausalLMPolicy(model, tok, max_new_tokens=6, temperature=1.0)
+        policy = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=6, temperature=1.0))
 
     def reward(prompts: list[str], completions: list[Any]) -> list[float]:
         return [float(c.text.count("a")) - 0.1 * len(c.text) for c in completions]
@@ -128,7 +128,7 @@ def _dist_run(kind: str, rank: int, world: int, out: Path) -> None:
     else:
         stage = 2 if kind == "deepspeed_zero2" else 3
         cfg = {"zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
-        path = out / f"ds-{kind}.json"
+        path = out / f"ds-{kind}-rank{rank}.json"  # one file a rank: a shared one raced (half-written JSON)
         path.write_text(json.dumps(cfg | {"gradient_clipping": "auto"}))
         extra |= {"deepspeed": str(path)}
     trainer: Any = build("bandit_deferred", LOCAL_B, **extra)

@@ -243,12 +243,12 @@ def work_tiny_lm_grpo(side: str, steps: int, max_run_s: float, model_dir: str) -
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from grpo import GRPOConfig, GRPOTrainer
-    from grpo.llm import CausalLMPolicy, RewardFunctions
+    from grpo.llm import CausalLMPolicy, RewardFunctions, SamplingSettings
 
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    policy = CausalLMPolicy(model, tok, max_new_tokens=32, temperature=1.0)
+    policy = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=32, temperature=1.0))
     reward = RewardFunctions(lambda p, c: [c_.count("7") / 32 for c_ in c])
     config = GRPOConfig(
         group_size=8, batch_size=8, learning_rate=1e-5, kl_coeff=0.0, device="cpu", seed=0,

@@ -47,7 +47,7 @@ CHILD = r"""
 import json, sys, time, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from grpo import GRPOConfig, GRPOTrainer
-from grpo.llm import CausalLMPolicy, RewardFunctions
+from grpo.llm import CausalLMPolicy, RewardFunctions, SamplingSettings
 model_dir, side = sys.argv[1], sys.argv[2]
 steps, new_tokens, kl, ent = int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6])
 torch.manual_seed(0)
@@ -57,7 +57,7 @@ def status(key):
             return int(line.split()[1]) * 1024
 tok = AutoTokenizer.from_pretrained(model_dir)
 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-policy = CausalLMPolicy(model, tok, max_new_tokens=new_tokens, temperature=1.0,
+policy = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=new_tokens, temperature=1.0),
                         logprob_chunk_size=None if side == "full" else 512,
                         **({"compile_logprobs": True} if side == "compiled" else {}))
 def ids_reward(prompts, completions, completion_ids, **kw):

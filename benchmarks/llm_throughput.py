@@ -20,7 +20,7 @@ rounds, and each ratio is taken within a round. A side ``ENGINE:K`` is grpo with
 batch in a worker process while this one updates); its step time is the interval between step
 ends, as TRL's, and it also reports the worker's peak memory and the weight-sync time.
 ``ENGINE:K:generate`` samples with Hugging Face ``generate`` instead of the KV-cache loop
-(``CausalLMPolicy(decoding="generate")``; default ``auto``), to measure the loop's share.
+(``SamplingSettings(decoding="generate")``; default ``auto``), to measure the loop's share.
 ``trl-vllm``: TRL with ``use_vllm=True, vllm_mode="colocate"`` (vLLM in the trainer's process),
 run with ``--trl-python`` and this script both in one environment that has vLLM (on a CPU
 machine, the CPU build: docs/llm.md, "Installing vLLM"), so both sides use the same vLLM build.
@@ -46,14 +46,15 @@ OURS = r"""
 import json, resource, sys, time, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from grpo import GRPOConfig, GRPOTrainer
-from grpo.llm import CausalLMPolicy, RewardFunctions
+from grpo.llm import CausalLMPolicy, RewardFunctions, SamplingSettings
 from grpo.training.callbacks import Callback
 model_dir, steps, device, prompts = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
 bf16, engine, k, decoding = sys.argv[5] == "1", sys.argv[6], int(sys.argv[7]), sys.argv[8]
 torch.manual_seed(0)
 tok = AutoTokenizer.from_pretrained(model_dir)
 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-policy = CausalLMPolicy(model, tok, max_new_tokens=32, temperature=1.0, autocast=bf16, decoding=decoding)
+sampling = SamplingSettings(max_new_tokens=32, temperature=1.0, decoding=decoding)
+policy = CausalLMPolicy(model, tok, sampling, autocast=bf16)
 reward = RewardFunctions(lambda p, c: [c_.count("7") / 32 for c_ in c])
 trainer = GRPOTrainer(GRPOConfig(group_size=8, batch_size=8, learning_rate=1e-5, kl_coeff=0.0, device=device,
                                  seed=0, generation_engine=engine, async_staleness=k), policy, reward)

@@ -39,7 +39,7 @@ from grpo.envs.protocol import Message, TextEnvironment, Transition
 from grpo.envs.text import TextEnv, TurnResult
 from grpo.llm import CausalLMPolicy
 from grpo.llm.multiturn import MultiTurnPolicy, _Episode, _render, chat_template_delta
-from grpo.llm.policy import SamplingOptions
+from grpo.llm.sampling_settings import SamplingSettings
 from grpo.llm.tiny import build_tiny_model, build_tiny_tokenizer
 
 
@@ -78,7 +78,7 @@ class BeforePolicy(MultiTurnPolicy):
         episodes: list[_Episode],
         active: list[int],
         turn: int,
-        opts: SamplingOptions,
+        opts: SamplingSettings,
         timing: dict[str, float],
     ) -> None:
         """Turn ``turn`` of the running episodes: one batched generation, one env step, the
@@ -108,7 +108,7 @@ class BeforePolicy(MultiTurnPolicy):
         i: int,
         turn: int,
         generated: str,
-        opts: SamplingOptions,
+        opts: SamplingSettings,
     ) -> None:
         """Record episode i's reward and flags; append the environment's tokens if it goes on."""
         ep.rewards.append(float(result.rewards[i]))
@@ -195,7 +195,9 @@ def main(argv: list[str] | None = None) -> str:
     d = Path(tempfile.mkdtemp(prefix="grpo_mt_env_"))
     tok = build_tiny_tokenizer(d, pad_is_eos=True, chat_template=True)
     lm = CausalLMPolicy(
-        build_tiny_model(d, tok, hidden=64, layers=2), tok, max_new_tokens=args.max_new_tokens
+        build_tiny_model(d, tok, hidden=64, layers=2),
+        tok,
+        SamplingSettings(max_new_tokens=args.max_new_tokens),
     )
     t0 = time.perf_counter()
     out = report(args, measure(args, lm))

@@ -104,14 +104,14 @@ def config_for(setting: str, seed: int) -> GRPOConfig:
 
 def run(example: ModuleType, task: str, setting: str, seed: int, steps: int) -> dict[str, Any]:
     """One training run: the evaluated success before and after, the seconds it took."""
-    from grpo.llm import CausalLMPolicy
+    from grpo.llm import CausalLMPolicy, SamplingSettings
     from grpo.llm.multiturn import MultiTurnPolicy
     from grpo.llm.tiny import build_tiny_model, build_tiny_tokenizer
 
     workdir = Path(tempfile.mkdtemp(prefix="grpo_mt_recipe_"))
     tok = build_tiny_tokenizer(workdir, pad_is_eos=True, chat_template=True)
     model = build_tiny_model(workdir, tok, hidden=64, layers=2, seed=seed)
-    lm = CausalLMPolicy(model, tok, max_new_tokens=2, temperature=1.0)
+    lm = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=2, temperature=1.0))
     if task == "guess":
         make_env, success = (lambda n: TextEnv(example.DigitGuess, n)), example.success
         starts: list[Any] = [{"secret": s} for s in range(10)]

@@ -64,7 +64,7 @@ def side(kind: str, model_dir: Path, tok_dir: Path) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from grpo import GRPOConfig, GRPOTrainer
-    from grpo.llm import CausalLMPolicy, RewardFunctions
+    from grpo.llm import CausalLMPolicy, RewardFunctions, SamplingSettings
     from grpo.population import HyperparameterConfig, RLParameter, parameter_bytes, population
 
     torch.set_num_threads(1)
@@ -81,7 +81,9 @@ def side(kind: str, model_dir: Path, tok_dir: Path) -> dict[str, Any]:
     one = lora_model() if kind == "shared" else None
 
     def make(hp: dict[str, float]) -> GRPOTrainer:
-        policy = CausalLMPolicy(one if one is not None else lora_model(), tok, max_new_tokens=8)
+        policy = CausalLMPolicy(
+            one if one is not None else lora_model(), tok, SamplingSettings(max_new_tokens=8)
+        )
         cfg = GRPOConfig(
             device="cpu", group_size=2, batch_size=2, learning_rate=hp["learning_rate"], seed=0,
             distributed="off",

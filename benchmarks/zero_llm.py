@@ -77,13 +77,15 @@ def _worker(rank: int, world: int, port: int, args: dict[str, Any], out: str) ->
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from grpo import GRPOConfig, GRPOTrainer
-    from grpo.llm import CausalLMPolicy, RewardFunctions
+    from grpo.llm import CausalLMPolicy, RewardFunctions, SamplingSettings
 
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(args["model"], dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(args["model"])
-    policy = CausalLMPolicy(model, tok, max_new_tokens=args["new_tokens"], logprob_chunk_size=256)
+    policy = CausalLMPolicy(
+        model, tok, SamplingSettings(max_new_tokens=args["new_tokens"]), logprob_chunk_size=256
+    )
 
     def score(prompts: list[Any], completions: list[str], **_: Any) -> list[float]:
         return [float(len(c) % 5) for c in completions]

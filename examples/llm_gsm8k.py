@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         CausalLMPolicy,
         PromptDataset,
         RewardFunctions,
+        SamplingSettings,
         after_marker,
         exact_match_reward,
         format_reward,
@@ -110,8 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     policy = CausalLMPolicy(
         model,
         tokenizer,
-        max_new_tokens=args.max_new_tokens,
-        temperature=0.7,
+        SamplingSettings(max_new_tokens=args.max_new_tokens, temperature=0.7),
         system_prompt=SYSTEM,
         gradient_checkpointing=args.gradient_checkpointing,
     )

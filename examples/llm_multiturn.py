@@ -159,13 +159,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def build(args: argparse.Namespace, workdir: Path) -> tuple[Any, GRPOTrainer]:
     """The tiny model (saved to ``workdir`` and loaded back), the multi-turn policy, the trainer."""
-    from grpo.llm import CausalLMPolicy
+    from grpo.llm import CausalLMPolicy, SamplingSettings
     from grpo.llm.multiturn import MultiTurnPolicy
     from grpo.llm.tiny import build_tiny_model, build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer(workdir, pad_is_eos=True, chat_template=True)
     model = build_tiny_model(workdir, tokenizer, hidden=args.hidden, layers=2, seed=args.seed)
-    lm = CausalLMPolicy(model, tokenizer, max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    lm = CausalLMPolicy(
+        model, tokenizer, SamplingSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    )
     policy = MultiTurnPolicy(
         lm, lambda n: TextEnv(DigitGuess, n), max_turns=args.max_turns, max_total_tokens=256
     )

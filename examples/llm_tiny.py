@@ -65,7 +65,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     log = logging.getLogger("llm_tiny")
 
-    from grpo.llm import CausalLMPolicy, PromptDataset, RewardFunctions, exact_match_reward, format_reward
+    from grpo.llm import (
+        CausalLMPolicy,
+        PromptDataset,
+        RewardFunctions,
+        SamplingSettings,
+        exact_match_reward,
+        format_reward,
+    )
     from grpo.llm.tiny import build_tiny_model, build_tiny_tokenizer
 
     workdir = Path(tempfile.mkdtemp(prefix="grpo_llm_tiny_"))
@@ -73,7 +80,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     model = build_tiny_model(workdir, tokenizer, hidden=args.hidden, layers=2, seed=args.seed)
     data = PromptDataset([{"prompt": f"{n}:", "answer": str(n + 1)} for n in range(9)])
 
-    policy = CausalLMPolicy(model, tokenizer, max_new_tokens=args.max_new_tokens, temperature=1.0)
+    policy = CausalLMPolicy(
+        model, tokenizer, SamplingSettings(max_new_tokens=args.max_new_tokens, temperature=1.0)
+    )
     rewards = RewardFunctions(
         {"correct": exact_match_reward("answer", first_char), "format": format_reward(r"\d")},
         weights={"correct": 1.0, "format": 0.2},

@@ -23,6 +23,7 @@ from grpo.algorithms.advantages import (
 )
 from grpo.algorithms.aggregation import AGGREGATIONS, Aggregation
 from grpo.algorithms.kl import KL_ESTIMATORS, KLEstimator
+from grpo.algorithms.loss_plugins import loss_plugin
 from grpo.algorithms.policy_losses import POLICY_LOSSES, PolicyLossName
 from grpo.algorithms.sampler_correction import SAMPLER_CORRECTIONS, SamplerCorrection
 from grpo.engine.distributed import DISTRIBUTED_MODES, DistributedMode
@@ -33,10 +34,8 @@ KLPenalty = Literal["loss", "reward", "advantage"]
 KL_PENALTIES: tuple[str, ...] = ("loss", "reward", "advantage")
 
 __all__ = [
-    "LIGER_LOSS_TYPES",
     "SEED_KEYWORDS",
     "GRPOConfig",
-    "liger_config_problems",
     "translate_seed_keywords",
 ]
 
@@ -427,8 +426,19 @@ class GRPOConfig:
         default=False,
         metadata=_help(
             "Drop groups whose rewards are all equal from the loss (their GRPO advantage is 0) and "
-            "from the loss normaliser (DAPO dynamic-sampling filter, without resampling). Logged "
-            "as advantage/frac_dropped_groups."
+            "from the loss normaliser (DAPO dynamic-sampling filter; max_sampling_draws > 1 also "
+            "refills the batch). Logged as advantage/frac_dropped_groups."
+        ),
+    )
+    max_sampling_draws: int = field(
+        default=1,
+        metadata=_help(
+            "Dynamic sampling with back-fill (with drop_zero_variance_groups=True; DAPO, verl's "
+            "filter_groups): a step draws up to this many batches of states until it holds B groups "
+            "with mixed rewards (max > min in the group), the first B found in draw order. At the "
+            "cap it trains on the mixed groups found, topped up with all-equal groups that "
+            "drop_zero_variance_groups leaves out of the loss, and warns. Needs a source of states: "
+            "train(), or step(states, more_states=...). 1 = no back-fill. Logged as sampling/*."
         ),
     )
     reward_combination: RewardCombination = field(
@@ -494,7 +504,7 @@ class GRPOConfig:
             "(grpo.llm.liger.LigerGRPOLoss: the policy's last hidden states and LM head weight, "
             "chunked; pip install liger-kernel) instead of log-probs + the objective. Needs a "
             "policy with lm_head_inputs (grpo.llm.CausalLMPolicy) and the settings Liger computes "
-            "(grpo.config.liger_config_problems names the others). Not reported with it: "
+            "(grpo.llm.liger.liger_config_problems names the others). Not reported with it: "
             "loss/policy, loss/kl, loss/entropy, kl/old, policy/entropy, ratio/*, the split "
             "clip/frac_low / clip/frac_high (clip/frac gives their sum)."
         ),
@@ -900,7 +910,8 @@ class GRPOConfig:
         self._check_bool("use_liger_loss")
         if not self.use_liger_loss:
             return
-        problems = liger_config_problems(self)
+        plugin = loss_plugin("liger")  # registered by grpo.llm.liger; if not yet, the trainer checks
+        problems = plugin.problems(self) if plugin is not None else []
         if problems:
             raise self._bad(
                 "use_liger_loss",
@@ -943,6 +954,20 @@ class GRPOConfig:
                 "KL-based advantage shaping subtracts kl_coeff * KL from the advantages, and "
                 "kl_coeff=0 makes it a no-op (no reference policy is even built)",
                 " Set kl_coeff > 0 (e.g. 0.04), or kl_penalty='loss'.",
+            )
+        self._check_int("max_sampling_draws", 1)
+        if self.max_sampling_draws > 1 and not self.drop_zero_variance_groups:
+            raise self._bad(
+                "max_sampling_draws",
+                "back-fill replaces the groups drop_zero_variance_groups drops, and it is off",
+                " Set drop_zero_variance_groups=True (dynamic sampling), or max_sampling_draws=1.",
+            )
+        if self.max_sampling_draws > 1 and self.async_staleness > 0:
+            raise self._bad(
+                "max_sampling_draws",
+                "back-fill draws states while the step runs, but async rollouts "
+                f"(async_staleness={self.async_staleness}) generate each batch steps ahead",
+                " Use async_staleness=0 with dynamic sampling, or max_sampling_draws=1.",
             )
         if self.dual_clip and self.policy_loss not in ("clip", "gspo"):
             raise self._bad(
@@ -1045,43 +1070,3 @@ def _init_naming_unknown_fields(self: GRPOConfig, *args: Any, **kwargs: Any) -> 
 
 
 GRPOConfig.__init__ = _init_naming_unknown_fields  # type: ignore[method-assign]
-
-
-# ---- Liger's fused loss: what it computes (grpo.llm.liger) -------------------------------------
-# grpo's loss_aggregation -> Liger's loss_type
-LIGER_LOSS_TYPES: dict[str, str] = {
-    "token-mean": "bnpo",
-    "seq-mean-token-mean": "grpo",
-    "seq-mean-token-sum-norm": "dr_grpo",
-}
-_LOSSES = ("clip", "gspo", "cispo")
-
-
-def liger_config_problems(config: GRPOConfig) -> list[str]:
-    """What ``config`` asks for that Liger's fused GRPO loss (`grpo.llm.liger`) does not compute
-    (empty: none), each as "setting: why / what to set". Here, not in `grpo.llm.liger`, so that
-    validating a config imports nothing of the LLM path."""
-    c = config
-    out: list[str] = []
-    if c.policy_loss not in _LOSSES:
-        out.append(f"policy_loss={c.policy_loss!r}: Liger covers {_LOSSES}")
-    if c.policy_loss == "cispo" and c.clip_epsilon != 1.0:
-        out.append(f"clip_epsilon={c.clip_epsilon!r} with 'cispo': Liger's CISPO has no lower bound; set 1.0")
-    if c.loss_aggregation not in LIGER_LOSS_TYPES:
-        out.append(f"loss_aggregation={c.loss_aggregation!r}: Liger covers {tuple(LIGER_LOSS_TYPES)}")
-    if c.policy_loss == "cispo" and c.loss_aggregation != "token-mean":
-        out.append("'cispo' in Liger normalises per token (DAPO); set loss_aggregation='token-mean'")
-    if c.entropy_coeff != 0.0:
-        out.append(f"entropy_coeff={c.entropy_coeff!r}: Liger's loss has no entropy term; set 0")
-    if c.dual_clip:
-        out.append("dual_clip=True: Liger has no dual clip; set False")
-    if c.kl_coeff != 0.0 and c.kl_penalty != "reward" and (c.kl_estimator != "k3" or c.kl_penalty != "loss"):
-        out.append(
-            f"kl_estimator={c.kl_estimator!r}, kl_penalty={c.kl_penalty!r}: Liger's KL term is k3 in "
-            "the loss; set kl_estimator='k3', kl_penalty='loss' (or kl_coeff=0)"
-        )
-    if c.sampler_is_cap is not None:
-        out.append("sampler_is_cap: Liger's loss takes no importance weights; set None")
-    if c.adaptive_lr_kl is not None:
-        out.append("adaptive_lr_kl: needs kl/old, which Liger's loss does not report; set None")
-    return out

@@ -24,11 +24,13 @@ Notation (per sample i and step t; one-shot actions have T = 1):
 The normaliser counts the whole optimizer step, not the micro-batch, so accumulating gradients
 over micro-batches gives exactly the gradient of the full batch.
 
-Two implementations of this function: the composed path (autograd over the pure functions, any
-loss and KL) and, for the built-in "clip" loss with the built-in KL and entropy terms, the fused
-one in `grpo.algorithms.fused_clip` (values and per-step gradients in one no-grad pass), tested
-equal. Both reduce their per-step values to the statistics with
-`grpo.algorithms.objective_statistics`.
+Where the loss lives: `GRPOObjective.composed` is this function, composed from the pure functions
+through autograd (any loss and KL). The built-in "clip" loss with the built-in KL and entropy
+terms runs on its twin, `grpo.algorithms.clip_twin.clip_objective_twin` (values and per-step
+gradients in one no-grad pass), kept because it saves 10-14 % of a whole small-policy step
+(benchmarks/objective_twin.py) and tested equal to `composed` (tests/test_clip_twin.py);
+``GRPOObjective(clip_twin=False)`` runs `composed` for every loss. Both reduce their per-step
+values to the statistics with `grpo.algorithms.objective_statistics`.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from grpo.algorithms.aggregation import (
     aggregation_normaliser,
     normaliser_from_count,
 )
-from grpo.algorithms.fused_clip import ClipObjectiveSettings, fused_clip_objective
+from grpo.algorithms.clip_twin import ClipObjectiveSettings, clip_objective_twin
 from grpo.algorithms.kl import KL_ESTIMATORS, KLEstimator, KLFn, kl_estimate, kl_shaped_advantages
 from grpo.algorithms.objective_statistics import (
     N_AGGREGATED,
@@ -220,6 +222,8 @@ class GRPOObjective:
         kl_in_advantage: KL-based advantage shaping (``GRPOConfig.kl_penalty="advantage"``): the
             per-step KL, detached and times ``kl_coeff``, is subtracted from the advantages
             before the policy loss; the loss then has no KL term.
+        clip_twin: let the built-in "clip" loss run on its twin (`uses_clip_twin`); False: every
+            loss runs the composed path, `composed` (benchmarks/objective_twin.py times both).
     """
 
     def __init__(
@@ -240,6 +244,7 @@ class GRPOObjective:
         loss_fn: PolicyLossFn | None = None,
         kl_fn: KLFn | None = None,
         kl_in_advantage: bool = False,
+        clip_twin: bool = True,
     ) -> None:
         if policy_loss not in POLICY_LOSSES:
             raise ValueError(f"policy_loss must be one of {POLICY_LOSSES}, got {policy_loss!r}.")
@@ -264,6 +269,7 @@ class GRPOObjective:
         self.loss_fn = loss_fn
         self.kl_fn = kl_fn
         self.kl_in_advantage = kl_in_advantage
+        self.clip_twin = clip_twin
         # per dtype / device constants, rebuilt when a coefficient changes
         self._cache: ConstantCache = {}
         if aggregation == "seq-mean-token-sum-norm":  # fail at construction, not mid-step
@@ -377,43 +383,52 @@ class GRPOObjective:
         """Loss of one micro-batch. Shapes: logp, logp_old, mask, logp_ref, entropy (n, T);
         advantages (n,) or (n, T); ``normaliser`` from `normaliser` over the whole step.
 
+        The loss is `composed` (the formulas of the module docstring, through autograd); the
+        built-in "clip" loss with the built-in KL and entropy terms runs on its twin,
+        `grpo.algorithms.clip_twin.clip_objective_twin` (same values and gradients, tested equal;
+        kept for the whole-step time it saves on small policies, see `uses_clip_twin`).
+
         ``on_policy=True`` declares ``logp_old`` to be ``logp.detach()`` (nothing has changed since
         the actions were sampled, as in the first optimizer step of a trainer step): the ratio is
-        exactly 1 and the fused path skips computing it (same numbers, bitwise).
+        exactly 1 and the twin skips computing it (same numbers, bitwise).
 
         ``is_weights`` (n, T), no gradient: per-step weights of the policy term (the truncated
         importance-sampling correction of a sampler/trainer mismatch, see
         `GRPOConfig.sampler_is_cap`); the KL and entropy terms are not weighted.
 
         The KL is computed (for metrics) whenever ``logp_ref`` is given; it enters the loss only
-        when ``kl_coeff != 0``. The built-in "clip" loss with the built-in KL takes the fused path
-        (`grpo.algorithms.fused_clip`: values and per-step gradients in one no-grad pass); it
-        equals the composed path (tests compare both to plain loops in float64).
-
-        With ``kl_in_advantage`` and ``logp_ref`` given, the advantages are shaped first
-        (`grpo.algorithms.kl.kl_shaped_advantages`: ``A - kl_coeff * sg(KL)``, per step) and the
-        loss has no KL term; the KL is still reported.
+        when ``kl_coeff != 0``. With ``kl_in_advantage`` and ``logp_ref`` given, the advantages
+        are shaped first (`grpo.algorithms.kl.kl_shaped_advantages`: ``A - kl_coeff * sg(KL)``,
+        per step) and the loss has no KL term; the KL is still reported.
         """
         if self.kl_in_advantage and logp_ref is not None and self.kl_coeff != 0.0:
             with torch.no_grad():
                 kl = self.kl_term(logp.detach(), logp_ref)
             advantages = kl_shaped_advantages(advantages, kl, self.kl_coeff)
-        if self.policy_loss == "clip" and self.loss_fn is None and self.kl_fn is None:
-            loss, stats, extremes = fused_clip_objective(
+        if self.uses_clip_twin:
+            loss, stats, extremes = clip_objective_twin(
                 logp, logp_old, advantages, mask, normaliser, logp_ref, entropy, self._clip_settings(),
                 self._cache, on_policy=on_policy, is_weights=is_weights,
             )  # fmt: skip
             return ObjectiveOutput(loss, stats, extremes)
-        return self._composed(logp, logp_old, advantages, mask, normaliser, logp_ref, entropy, is_weights)
+        return self.composed(logp, logp_old, advantages, mask, normaliser, logp_ref, entropy, is_weights)
+
+    @property
+    def uses_clip_twin(self) -> bool:
+        """Whether `__call__` runs `grpo.algorithms.clip_twin.clip_objective_twin` in place of
+        `composed`: for the built-in "clip" loss with the built-in KL estimator and entropy term
+        (no ``loss_fn`` / ``kl_fn``), unless ``clip_twin=False``. The twin saves 10-14 % of a
+        small-policy trainer step (benchmarks/objective_twin.py, benchmarks/RESULTS.md)."""
+        return self.clip_twin and self.policy_loss == "clip" and self.loss_fn is None and self.kl_fn is None
 
     def _clip_settings(self) -> ClipObjectiveSettings:
-        """The settings the fused "clip" path (`grpo.algorithms.fused_clip`) reads, as they are now."""
+        """The settings the "clip" twin (`grpo.algorithms.clip_twin`) reads, as they are now."""
         return ClipObjectiveSettings(
             self.eps_low, self.eps_high, self.dual_clip_c, self.log_ratio_clamp, self.kl_estimator,
             self.loss_kl_coeff, self.entropy_coeff, self.aggregation,
         )  # fmt: skip
 
-    def _composed(
+    def composed(
         self,
         logp: Tensor,
         logp_old: Tensor,
@@ -424,7 +439,9 @@ class GRPOObjective:
         entropy: Tensor | None,
         is_weights: Tensor | None,
     ) -> ObjectiveOutput:
-        """The objective composed from the pure functions, through autograd (any loss / KL)."""
+        """The objective composed from the pure functions through autograd, for any loss and KL:
+        the definition of the loss (module docstring); `__call__` takes it unless
+        `uses_clip_twin`. Arguments as `__call__`'s (``on_policy`` is not needed here)."""
         mf = mask.to(logp.dtype)  # the one float mask, shared by every masked sum below
         agg, z = self.aggregation, normaliser
         pg = self.policy_term(logp, logp_old, advantages, mask)

@@ -38,6 +38,7 @@ from grpo.advantage_estimator import (
     with_statistics,
 )
 from grpo.algorithms.kl import KLFn
+from grpo.algorithms.loss_plugins import loss_plugin
 from grpo.algorithms.policy_losses import PolicyLossFn
 from grpo.config import GRPOConfig
 from grpo.engine.backends import Backend
@@ -60,6 +61,7 @@ from grpo.metrics import StepCounts, empty_extremes_as_nan
 from grpo.policy_base import EntropyRequest, PolicyModel, has_method, set_training_mode
 from grpo.reward_model_base import RewardModel
 from grpo.rollout.action_stats import action_metrics, success_metrics
+from grpo.rollout.dynamic_sampling import DRAWS_COMPONENT, MoreStates
 from grpo.runtime.denormals import flush_denormals_on, restore_denormals
 from grpo.runtime.threads import describe, intra_op_threads, policy_elements, resolve_num_threads
 from grpo.state.trainer_state import TrainerStateMixin
@@ -149,12 +151,9 @@ class GRPOTrainer(TrainerStateMixin):
             rescales_gradients=self.backend is None or self.backend.rescales_gradients,
             generator=self.generator,
         )
-        self.collector = ExperienceCollector(
-            self.policy, self.reward_model, config.group_size, self.device,
-            reference_policy=self.reference_policy, invalid_rewards=config.invalid_rewards,
-            record_sampler_log_probs=config.effective_sampler_is_cap is not None,
-            reward_timeout=config.reward_timeout, mask_truncated=config.mask_truncated_completions,
-            engine=make_engine(config, self.policy, engine),  # record_old_log_probs: True (the default)
+        self.collector = ExperienceCollector.from_config(
+            config, self.policy, self.reward_model, self.device, self.reference_policy,
+            make_engine(config, self.policy, engine),
         )  # fmt: skip
         self.objective = GRPOObjective.from_config(config, loss_fn=loss_fn, kl_fn=kl_fn)
         self.guard: UpdateGuard = UpdateGuard(config.non_finite)
@@ -162,10 +161,26 @@ class GRPOTrainer(TrainerStateMixin):
         self.step_count = 0
         self._closed = self._warned_nothing_to_train = self._warned_batch_size = False
         self._checkpoint_components: dict[str, Any] = {}
+        self._register_draws()  # dynamic sampling: train() resumes its source after the extra draws
         self._start_engine()  # the sampler's log-probs are reported; an own-weights engine synced
         self.stall_watch = StallWatch.from_config(config, self.optimizer, self.scheduler)  # stall_watch.py
         self._check_schedule_length()
         self.reward_shift = self._make_reward_shift()  # step 7 (config.reward_shift_z), or None
+
+    def _register_draws(self) -> None:
+        """With dynamic sampling (``config.max_sampling_draws`` > 1) the batches drawn beyond one
+        a step are checkpointed (`grpo.rollout.dynamic_sampling.DrawCounter`); refused under
+        torchrun, whose ranks would draw different numbers of batches."""
+        draws = self.config.max_sampling_draws
+        if draws == 1:
+            return
+        if self.distributed is not None:
+            raise ValueError(
+                f"GRPOConfig(max_sampling_draws={draws}) back-fills each process's batch with its own "
+                f"number of draws, which torchrun's ranks cannot keep in step; use "
+                f"max_sampling_draws=1 under torchrun."
+            )
+        self._checkpoint_components[DRAWS_COMPONENT] = self.collector.draws
 
     def _make_reward_shift(self) -> RewardShiftRestart | None:
         """The restart on a reward shift (`grpo.training.reward_shift`); its state (the starting
@@ -209,9 +224,10 @@ class GRPOTrainer(TrainerStateMixin):
         return True if self.config.entropy_coeff != 0 else "no_grad"
 
     def _fused_loss(self) -> FusedLoss | None:
-        """``GRPOConfig.use_liger_loss``: Liger's fused GRPO loss (`grpo.llm.liger.LigerGRPOLoss`)
-        on the policy's ``lm_head_inputs``, or None. The config's settings were checked by
-        `GRPOConfig`; here the policy, user loss functions and the package (ImportError)."""
+        """``GRPOConfig.use_liger_loss``: Liger's fused GRPO loss (the loss plugin ``"liger"``,
+        `grpo.llm.liger.LigerGRPOLoss`) on the policy's ``lm_head_inputs``, or None. Here the
+        policy and user loss functions; building it checks the config's settings (ValueError) and
+        the package (ImportError)."""
         if not self.config.use_liger_loss:
             return None
         if self.objective.loss_fn is not None or self.objective.kl_fn is not None:
@@ -226,9 +242,14 @@ class GRPOTrainer(TrainerStateMixin):
                 f"grpo.llm.policy.LMHeadInputs (grpo.llm.CausalLMPolicy has it). Set "
                 f"use_liger_loss=False for this policy."
             )
-        from grpo.llm.liger import LigerGRPOLoss, compile_liger_loss  # ImportError names liger-kernel
-
-        return LigerGRPOLoss(self.config, compiled=compile_liger_loss(self.device))
+        plugin = loss_plugin("liger")  # registered by grpo.llm.liger (import grpo.llm)
+        if plugin is None:
+            raise ImportError(
+                "GRPOConfig(use_liger_loss=True): Liger's loss is registered by grpo.llm, which is not "
+                "imported; import grpo.llm (pip install liger-kernel too) or set use_liger_loss=False."
+            )
+        fused: FusedLoss = plugin.build(self.config, self.device)  # ImportError names liger-kernel
+        return fused
 
     def _start_engine(self) -> None:
         """The sampler's log-probs must come from somewhere: an engine with its own weights
@@ -286,9 +307,13 @@ class GRPOTrainer(TrainerStateMixin):
         self.guard.non_finite_steps = value
 
     # ---- the step -----------------------------------------------------------------------
-    def step(self, states: Any, **generate_kwargs: Any) -> dict[str, float]:
+    def step(
+        self, states: Any, *, more_states: MoreStates | None = None, **generate_kwargs: Any
+    ) -> dict[str, float]:
         """One GRPO step on ``states`` (a sequence of B states, or a Tensor (B, ...)), or on an
-        `ExperienceBatch` collected elsewhere (see `train_on_batch`).
+        `ExperienceBatch` collected elsewhere (see `train_on_batch`). ``more_states``: a callable
+        returning another batch of states (None when it has no more), from which dynamic sampling
+        (``config.max_sampling_draws`` > 1) back-fills the groups whose rewards are all equal.
 
         Returns float metrics (names and meanings in docs/metrics.md, declared in
         `grpo.metrics`). With ``config.flush_denormals`` (default) the step runs with subnormal
@@ -303,7 +328,7 @@ class GRPOTrainer(TrainerStateMixin):
             self.check_lockstep(states)
             states = self._checked(states)
             decisions = self.plan.decide(_num_groups(states))  # the update's shortcuts, decided once
-            batch = self._collect(states, decisions, generate_kwargs)  # 1. G actions, rewards, log-probs
+            batch = self._collect(states, decisions, generate_kwargs, more_states)  # 1. the rollout
             adv = self.advantages(batch)  # 2. group-relative advantages and reward statistics
             t1 = time.perf_counter()
             update, valid_steps = self._run_update(batch, adv, decisions)  # 3. the update
@@ -332,18 +357,23 @@ class GRPOTrainer(TrainerStateMixin):
         return self.step(batch)
 
     def _collect(
-        self, states: Any, decisions: UpdateDecisions, generate_kwargs: dict[str, Any]
+        self,
+        states: Any,
+        decisions: UpdateDecisions,
+        generate_kwargs: dict[str, Any],
+        more_states: MoreStates | None = None,
     ) -> ExperienceBatch:
         """Step 1: the rollout of ``states``, recording behaviour log-probs only when the update
         needs them before its forwards; a batch collected elsewhere is completed instead."""
         if isinstance(states, ExperienceBatch):
-            if generate_kwargs:
-                raise TypeError(f"step(batch) takes no generate kwargs, got {sorted(generate_kwargs)}.")
+            if generate_kwargs or more_states is not None:
+                got = sorted(generate_kwargs) + (["more_states"] if more_states is not None else [])
+                raise TypeError(f"step(batch) takes no generate kwargs or more_states, got {got}.")
             return self.collector.complete(
                 states, old=states.old_log_probs is None and decisions.old_at_collection
             )
         return self.collector.collect_for_update(
-            states, generate_kwargs, record_old=decisions.old_at_collection
+            states, generate_kwargs, record_old=decisions.old_at_collection, more_states=more_states
         )
 
     def _checked(self, states: Any) -> Any:
@@ -401,6 +431,7 @@ class GRPOTrainer(TrainerStateMixin):
         self.last_batch, self.last_advantages = batch, adv
         metrics = adv.metrics() | update | action_metrics(batch.actions) | success_metrics(batch.actions)
         metrics |= engine_metrics(self.collector.engine, batch.policy_versions, self.step_count - 1)
+        metrics |= batch.sampling  # sampling/* with dynamic sampling
         if lr is not None:
             metrics["optim/lr"] = lr
         metrics.update({f"time/{k}": v for k, v in batch.timings.items()})

@@ -433,7 +433,7 @@ def seeded_lm_policy(model: Any, tokenizer: Any) -> Any:
     process on the whole batch sample the same completions. Chunked log-probs (8 tokens a chunk)."""
     import zlib
 
-    from grpo.llm import CausalLMPolicy
+    from grpo.llm import CausalLMPolicy, SamplingSettings
 
     class Seeded(CausalLMPolicy):
         def generate_actions(self, states: Any, num_actions_per_state: int, **kwargs: Any) -> Any:
@@ -444,7 +444,7 @@ def seeded_lm_policy(model: Any, tokenizer: Any) -> Any:
                 out += super().generate_actions([s], num_actions_per_state, **kwargs)
             return out
 
-    return Seeded(model, tokenizer, max_new_tokens=4, logprob_chunk_size=8)
+    return Seeded(model, tokenizer, SamplingSettings(max_new_tokens=4), logprob_chunk_size=8)
 
 
 def build_lm_trainer(model_dir: Path, *, fsdp: bool) -> Any:

@@ -78,11 +78,11 @@ def zero3_policy_worker(rank: int, world: int, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from grpo import GRPOConfig, GRPOTrainer
-    from grpo.llm import CausalLMPolicy, RewardFunctions
+    from grpo.llm import CausalLMPolicy, RewardFunctions, SamplingSettings
 
     model = AutoModelForCausalLM.from_pretrained(out / "model", dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(out / "model")
-    policy = CausalLMPolicy(model, tok, max_new_tokens=6, logprob_chunk_size=3)
+    policy = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=6), logprob_chunk_size=3)
     reward = RewardFunctions({"score": char_score})
     config = GRPOConfig(
         group_size=2, batch_size=2, seed=0, learning_rate=0.01, deepspeed=str(out / "zero3.json")

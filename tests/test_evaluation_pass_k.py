@@ -275,12 +275,14 @@ def test_train_refuses_bad_eval_options_before_any_step() -> None:
 # ---- a real tiny language model: its own temperature, maj@k on the completions' text ---------
 def test_llm_evaluation_at_its_own_temperature(tmp_path: Any) -> None:
     pytest.importorskip("transformers")
-    from grpo.llm import CausalLMPolicy
+    from grpo.llm import CausalLMPolicy, SamplingSettings
     from grpo.llm.rewards import last_number
     from tests.llm_helpers import build_model, build_tokenizer
 
     tok = build_tokenizer(tmp_path / "tok", pad_is_eos=True)
-    policy = CausalLMPolicy(build_model(tmp_path / "m", tok), tok, max_new_tokens=4, temperature=1.0)
+    policy = CausalLMPolicy(
+        build_model(tmp_path / "m", tok), tok, SamplingSettings(max_new_tokens=4, temperature=1.0)
+    )
     seen: list[tuple[str, float]] = []
 
     def reward(prompts: Sequence[str], completions: Sequence[Any]) -> list[float]:

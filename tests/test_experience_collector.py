@@ -63,3 +63,59 @@ def test_rewards_from_lists_arrays_and_tensors() -> None:
         to_reward_tensor([1.0, 2.0, float("inf")], 3, "R.compute_rewards", CPU)
     with pytest.raises(TypeError, match="returned int; expected a Tensor"):
         to_reward_tensor(3, 3, "R.compute_rewards", CPU)
+
+
+def test_select_groups_takes_every_row_field_of_the_chosen_groups() -> None:
+    from grpo import ExperienceBatch
+
+    # 3 groups of G=2: rows 0-1, 2-3, 4-5; keep groups 2 then 0 (in that order)
+    batch = ExperienceBatch(
+        states=["s0", "s1", "s2"],
+        flat_states=["s0", "s0", "s1", "s1", "s2", "s2"],
+        actions=torch.arange(6) * 10,
+        group_ids=torch.tensor([0, 0, 1, 1, 2, 2]),
+        group_size=2,
+        rewards=torch.arange(6, dtype=torch.float32),
+        reward_components={"acc": torch.arange(6, dtype=torch.float32) + 100},
+        old_log_probs=torch.arange(12, dtype=torch.float32).view(6, 2),
+        mask=torch.tensor([[True, False]] * 6),
+        loss_rows=torch.tensor([True, False, True, True, False, True]),
+        policy_versions=torch.tensor([7] * 6),
+        dropped_groups=4,
+    )
+    sub = batch.select_groups(torch.tensor([2, 0]))
+    assert sub.states == ["s2", "s0"]
+    assert sub.flat_states == ["s2", "s2", "s0", "s0"]
+    assert sub.actions.tolist() == [40, 50, 0, 10]
+    assert sub.group_ids.tolist() == [0, 0, 1, 1]
+    assert sub.rewards.tolist() == [4.0, 5.0, 0.0, 1.0]
+    assert sub.reward_components["acc"].tolist() == [104.0, 105.0, 100.0, 101.0]
+    assert sub.old_log_probs is not None
+    assert sub.old_log_probs[:, 0].tolist() == [8.0, 10.0, 0.0, 2.0]
+    assert sub.loss_rows is not None
+    assert sub.loss_rows.tolist() == [False, True, True, False]
+    assert sub.ref_log_probs is None
+    assert sub.step_rewards is None
+    assert sub.dropped_groups == 4
+    assert sub.num_groups == 2
+    assert sub.num_samples == 4
+
+
+def test_allow_empty_returns_no_group_when_every_reward_is_invalid() -> None:
+    """The public way evaluation asks for an empty batch (it overrode a private method before)."""
+    from grpo import ExperienceCollector
+    from grpo.policies import categorical_mlp
+    from grpo.reward_model_base import as_reward_model
+
+    policy = categorical_mlp(3, 4, hidden=(8,))
+
+    def nan_reward(states: object, actions: object) -> list[float]:
+        return [float("nan")] * len(actions)  # type: ignore[arg-type]
+
+    reward = as_reward_model(nan_reward, "reward_model")
+    states = torch.zeros(2, 3)
+    common = {"invalid_rewards": "drop_groups", "record_old_log_probs": False}
+    with pytest.raises(ValueError, match="in every one of the 2 groups"):
+        ExperienceCollector(policy, reward, 4, CPU, **common).collect(states)  # type: ignore[arg-type]
+    batch = ExperienceCollector(policy, reward, 4, CPU, allow_empty=True, **common).collect(states)  # type: ignore[arg-type]
+    assert (batch.num_groups, batch.num_samples, batch.dropped_groups) == (0, 0, 2)

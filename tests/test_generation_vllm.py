@@ -1,4 +1,4 @@
-"""`grpo.generation.vllm_engine`: the pure parts (unmarked, no vLLM needed), vLLM itself (marker
+"""`grpo.llm.engines.vllm_engine`: the pure parts (unmarked, no vLLM needed), vLLM itself (marker
 ``vllm``: skipped where vllm is not importable; CI runs them on vLLM's CPU build in its own venv,
 `.ci/run`; on a CUDA machine with the extra they run on the GPU)."""
 
@@ -18,7 +18,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from grpo.generation.vllm_engine import (
+from grpo.llm import CausalLMPolicy, SamplingSettings
+from grpo.llm.engines.vllm_engine import (
     VLLMEngine,
     VLLMSample,
     completions_and_log_probs,
@@ -28,8 +29,6 @@ from grpo.generation.vllm_engine import (
     sampling_params_kwargs,
     vllm_max_lora_rank,
 )
-from grpo.llm import CausalLMPolicy
-from grpo.llm.policy import SamplingOptions
 from grpo.runtime.extras import install_hint
 from tests.llm_helpers import build_model, build_tokenizer
 
@@ -42,9 +41,8 @@ def tok(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return build_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
-def _opts(**kw: Any) -> SamplingOptions:
-    base = {"max_new_tokens": 8, "min_new_tokens": 0, "temperature": 0.7, "top_p": 1.0, "top_k": 0}
-    return SamplingOptions(**{**base, "min_p": 0.0, "repetition_penalty": 1.0, **kw})
+def _opts(**kw: Any) -> SamplingSettings:
+    return SamplingSettings(**{"max_new_tokens": 8, "temperature": 0.7, **kw})
 
 
 # ---- CPU: the pure parts -----------------------------------------------------------------------
@@ -122,7 +120,7 @@ def test_missing_vllm_names_the_extra() -> None:
 
 
 def test_a_bad_kv_cache_size_is_refused_before_vllm_is_needed(tok: Any, tmp_path: Any) -> None:
-    policy = CausalLMPolicy(build_model(tmp_path / "m", tok), tok, max_new_tokens=4)
+    policy = CausalLMPolicy(build_model(tmp_path / "m", tok), tok, SamplingSettings(max_new_tokens=4))
     with pytest.raises(ValueError, match="kv_cache_gib=0"):
         VLLMEngine.for_policy(policy, seed=0, kv_cache_gib=0)
 
@@ -141,7 +139,7 @@ def test_preserved_global_rng_puts_every_stream_back() -> None:
 def test_server_request_and_answer_round_trip(tok: Any) -> None:
     """The /v1/completions body carries the in-process engine's sampling parameters and the
     prompt's ids; an answer's choices become samples in index order."""
-    from grpo.generation.vllm_server import completion_request, samples_from_response
+    from grpo.llm.engines.vllm_server import completion_request, samples_from_response
 
     body = completion_request("m", [5, 6], _opts(top_k=3), n=2, max_tokens=4, eos_token_ids=[1], seed=9)
     assert body == {
@@ -168,7 +166,7 @@ def test_server_request_and_answer_round_trip(tok: Any) -> None:
 
 def test_weight_push_buffers_round_trip() -> None:
     """A push's flat per-dtype buffers give back every tensor, by name, shape and value."""
-    from grpo.generation.vllm_worker_extension import flat_buffers, unflatten, weight_spec
+    from grpo.llm.engines.vllm_worker_extension import flat_buffers, unflatten, weight_spec
 
     weights = [("a", torch.randn(2, 3)), ("b", torch.arange(4)), ("c", torch.randn(5).to(torch.bfloat16))]
     entries = json.loads(weight_spec(weights))
@@ -190,7 +188,7 @@ needs_vllm = pytest.mark.skipif(
 
 
 def _device() -> str:
-    from grpo.generation.vllm_engine import _vllm_device_type
+    from grpo.llm.engines.vllm_engine import _vllm_device_type
 
     return "cuda" if _vllm_device_type() == "cuda" else "cpu"
 
@@ -203,7 +201,9 @@ def _policy(tok: Any, directory: Any, *, lora: bool = False, **kw: Any) -> Causa
 
         cfg = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
         model = peft.get_peft_model(model, cfg)
-    return CausalLMPolicy(model, tok, max_new_tokens=8, temperature=0.8, autocast=False, **kw)
+    return CausalLMPolicy(
+        model, tok, SamplingSettings(max_new_tokens=8, temperature=0.8), autocast=False, **kw
+    )
 
 
 @pytest.fixture
@@ -417,7 +417,7 @@ def vllm_server(tok: Any, tmp_path: Any) -> Iterator[tuple[str, Any]]:
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tmp_path / "served"),
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--seed", "0",
-        "--worker-extension-cls", "grpo.generation.vllm_worker_extension.WeightReceiver",
+        "--worker-extension-cls", "grpo.llm.engines.vllm_worker_extension.WeightReceiver",
         "--logprobs-mode", "processed_logprobs", "--enforce-eager", "--kv-cache-memory-bytes", str(2**30),
     ]  # fmt: skip
     log = open(tmp_path / "server.log", "w")  # noqa: SIM115 (closed below)
@@ -454,12 +454,16 @@ def test_server_engine_samples_and_takes_pushed_weights(tok: Any, vllm_server: t
     -log(V), the trainer's too."""
     from transformers import AutoModelForCausalLM
 
-    from grpo.generation.vllm_server import VLLMServerEngine
+    from grpo.llm.engines.vllm_server import VLLMServerEngine
 
     url, served = vllm_server
     model = AutoModelForCausalLM.from_pretrained(str(served), dtype=torch.float32)
     policy = CausalLMPolicy(
-        model, tok, max_new_tokens=8, temperature=0.8, autocast=False, logprob_chunk_size=None
+        model,
+        tok,
+        SamplingSettings(max_new_tokens=8, temperature=0.8),
+        autocast=False,
+        logprob_chunk_size=None,
     )
     with VLLMServerEngine(url, policy, seed=0) as engine:
         gen = engine.submit(PROMPTS, 4, with_log_probs=True).result()

@@ -24,24 +24,15 @@ pytest.importorskip("transformers")
 
 from grpo import GRPOConfig, GRPOTrainer, categorical_mlp
 from grpo.generation import GenerationEngine, PrefetchingEngine
-from grpo.generation.worker import (
-    CARRIED_SETTINGS,
-    NOT_CARRIED_SETTINGS,
-    GenerationWorkerError,
-    WorkerEngine,
-    job_seed,
-    pack_actions,
-    unpack_actions,
-)
-from grpo.llm import CausalLMPolicy, Completion, RewardFunctions
+from grpo.generation.worker import GenerationWorkerError, WorkerEngine, job_seed
+from grpo.llm import CausalLMPolicy, Completion, RewardFunctions, SamplingSettings
+from grpo.llm.engines.worker import causal_lm_factory, causal_lm_worker
 from tests.llm_helpers import build_model, build_tokenizer
 
 STATES = ["1+2=", "what is 12+30?", "a"]
 G = 3
 # non-default sampling settings: the worker must carry them to produce the same tokens
-SETTINGS: dict[str, Any] = {
-    "max_new_tokens": 6, "temperature": 0.8, "top_k": 20, "min_new_tokens": 1, "logprob_chunk_size": 16,
-}  # fmt: skip
+SAMPLING = SamplingSettings(max_new_tokens=6, temperature=0.8, top_k=20, min_new_tokens=1)
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +48,14 @@ def _policy(directory: Path, model: Any = None) -> CausalLMPolicy:
 
     if model is None:
         model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
-    return CausalLMPolicy(model, AutoTokenizer.from_pretrained(str(directory)), **SETTINGS).eval()
+    tok = AutoTokenizer.from_pretrained(str(directory))
+    return CausalLMPolicy(model, tok, SAMPLING, logprob_chunk_size=16).eval()
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_dir: Path) -> Any:
     """One worker for the tests below (each syncs the weights it compares against first)."""
-    eng = WorkerEngine.for_policy(_policy(tiny_dir), seed=7)
+    eng = causal_lm_worker(_policy(tiny_dir), seed=7)
     yield eng
     eng.close()
 
@@ -119,12 +111,40 @@ def test_job_seeds_differ_between_jobs_and_seeds() -> None:
     assert job_seed(3, 5) == job_seed(3, 5)
 
 
-def test_for_policy_carries_every_setting_of_the_policy() -> None:
-    keywords = set(inspect.signature(CausalLMPolicy.__init__).parameters) - {"self", "model", "tokenizer"}
-    assert set(CARRIED_SETTINGS) | set(NOT_CARRIED_SETTINGS) == keywords
-    assert not set(CARRIED_SETTINGS) & set(NOT_CARRIED_SETTINGS)
-    with pytest.raises(TypeError, match=r"for_policy copies a grpo.llm.CausalLMPolicy.*make_policy"):
-        WorkerEngine.for_policy(categorical_mlp(4, 3))
+# CausalLMPolicy options the worker's copy does not take, with why
+TRAINING_ONLY = {
+    "gradient_checkpointing": "the worker runs no backward",
+    "use_separate_reference_adapter": "the KL reference stays the trainer's",
+}
+
+
+def test_the_worker_copy_carries_the_sampling_settings_object_and_every_other_option(
+    tiny_dir, tmp_path
+) -> None:
+    """`causal_lm_factory` rebuilds the policy (run here, in-process) with the same
+    `SamplingSettings` object and every constructor option but the training-only ones, each set
+    to a value other than its default."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    sampling = SamplingSettings(
+        max_new_tokens=5, min_new_tokens=1, temperature=0.7, top_p=0.9, top_k=7, min_p=0.05,
+        repetition_penalty=1.1, max_model_len=64, generation_batch_size=4, decoding="generate",
+    )  # fmt: skip
+    assert all(getattr(sampling, f) != getattr(SamplingSettings(), f) for f in SamplingSettings.names())
+    others = {
+        "use_chat_template": False, "system_prompt": "be brief", "max_prompt_length": 9,
+        "logprob_chunk_size": 3, "autocast": False, "compile_logprobs": True,
+    }  # fmt: skip
+    params = inspect.signature(CausalLMPolicy.__init__).parameters
+    assert set(params) - {"self", "model", "tokenizer", "sampling"} == set(others) | set(TRAINING_ONLY)
+    assert all(params[k].default != v for k, v in others.items())
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_dir), dtype=torch.float32)
+    policy = CausalLMPolicy(model, AutoTokenizer.from_pretrained(str(tiny_dir)), sampling, **others)
+    copy = causal_lm_factory(policy, str(tmp_path))()
+    assert copy.sampling == sampling
+    assert {k: getattr(copy, k) for k in others} == others
+    with pytest.raises(TypeError, match=r"causal_lm_worker copies a grpo.llm.CausalLMPolicy.*make_policy"):
+        causal_lm_worker(categorical_mlp(4, 3))
     with pytest.raises(TypeError, match=r"must be\s+picklable"):
         WorkerEngine(lambda: categorical_mlp(4, 3))
 
@@ -168,7 +188,7 @@ def test_lora_sync_moves_only_the_adapter(tiny_dir) -> None:
     assert adapter
     assert all("lora_" in n for n in adapter)
     _perturb({n: p for n, p in adapter.items() if "lora_B" in n}, seed=1, scale=0.3)  # B != 0
-    engine = WorkerEngine.for_policy(policy, seed=3)
+    engine = causal_lm_worker(policy, seed=3)
     try:
         engine.sync(policy, 1)
         assert engine.last_sync_bytes == _nbytes(adapter) < _nbytes(dict(base.named_parameters())) // 10
@@ -333,25 +353,25 @@ def test_close_stops_a_busy_worker_and_refuses_more_work() -> None:
     _check_gone((busy,))
 
 
-def test_completions_cross_the_pipe_packed_and_come_back_equal(tiny_dir) -> None:
-    """`pack_actions` turns completions into plain lists (cheap to pickle); `unpack_actions`
-    gives back equal completions; other actions pass through unchanged."""
+def test_completions_cross_the_pipe_as_lists_and_come_back_equal(tiny_dir) -> None:
+    """A `Completion` pickles its ids as lists of ints (cheap; `Completion.__reduce__`) and comes
+    back equal: int64 ids, the flags, a loss mask."""
     policy = _policy(tiny_dir)
     torch.manual_seed(0)
-    groups = policy.generate_actions(["1+2=", "ab"], 3)
-    packed = pack_actions(groups)
-    assert isinstance(packed, tuple)
-    back = unpack_actions(pickle.loads(pickle.dumps(packed)))
-    for g, h in zip(groups, back, strict=True):
-        for c, d in zip(g, h, strict=True):
-            assert torch.equal(c.prompt_ids, d.prompt_ids)
-            assert torch.equal(c.token_ids, d.token_ids)
-            assert (c.text, c.finished, c.temperature, c.min_new_tokens) == (
-                d.text, d.finished, d.temperature, d.min_new_tokens,
-            )  # fmt: skip
-    actions = torch.zeros(2, 3)
-    assert pack_actions(actions) is actions
-    assert unpack_actions(actions) is actions
+    flat = _flat(policy.generate_actions(["1+2=", "ab"], 3))
+    masked = Completion(
+        flat[0].prompt_ids, flat[0].token_ids, "x", False, 0.5, 2, torch.ones(len(flat[0])) > 0
+    )
+    assert isinstance(flat[0].__reduce__()[1][0], list)
+    for c in [*flat, masked]:
+        d = pickle.loads(pickle.dumps(c))
+        assert d.prompt_ids.dtype == d.token_ids.dtype == torch.int64
+        assert torch.equal(c.prompt_ids, d.prompt_ids)
+        assert torch.equal(c.token_ids, d.token_ids)
+        assert (c.text, c.finished, c.temperature, c.min_new_tokens) == (
+            d.text, d.finished, d.temperature, d.min_new_tokens,
+        )  # fmt: skip
+        assert (c.loss_mask is None and d.loss_mask is None) or torch.equal(c.loss_mask, d.loss_mask)
 
 
 # ---- crashes leave nothing behind -------------------------------------------------------------------
@@ -420,7 +440,7 @@ def _kill_trainer_once_the_worker_started(
 def test_a_trainer_killed_while_its_worker_starts_leaves_no_worker_and_no_model_copy(
     tiny_dir, tmp_path
 ) -> None:
-    """SIGKILL the trainer right after `for_policy` saved the model copy and spawned the worker
+    """SIGKILL the trainer right after `causal_lm_worker` saved the model copy and spawned the worker
     (the worker is still importing): the worker does not go on to load the model, exits, and
     removes the copy; nothing is left in the run's TMPDIR and no process runs."""
     tmp = tmp_path / "tmp"

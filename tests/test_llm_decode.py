@@ -12,6 +12,7 @@ import torch
 pytest.importorskip("transformers")
 
 from grpo.llm import CausalLMPolicy
+from grpo.llm.sampling_settings import SamplingSettings
 from tests.llm_helpers import build_model, build_tokenizer
 
 PROMPTS = ["1+2=", "a", "a longer prompt here", "77"]
@@ -29,7 +30,7 @@ def _both(model, tok, seed: int, **kw: object):
     """(completions, sampler log-probs) of the KV loop and of generate, from the same seed."""
     out = []
     for decoding in ("auto", "generate"):
-        policy = CausalLMPolicy(model, tok, decoding=decoding, **kw)
+        policy = CausalLMPolicy(model, tok, SamplingSettings(decoding=decoding, **kw))
         torch.manual_seed(seed)
         groups, sampler = policy.generate_actions_with_sampler_log_probs(PROMPTS, 5)
         out.append(([c for g in groups for c in g], sampler))
@@ -81,7 +82,7 @@ def test_per_row_budgets_cut_the_same_tokens(tiny) -> None:
     outs = []
     for decoding in ("auto", "generate"):
         torch.manual_seed(5)
-        policy = CausalLMPolicy(model, tok, decoding=decoding, max_new_tokens=12)
+        policy = CausalLMPolicy(model, tok, SamplingSettings(decoding=decoding, max_new_tokens=12))
         outs.append([c.token_ids.tolist() for c in policy.generate_from_ids(rows, budgets)])
     assert outs[0] == outs[1]
     assert all(len(t) <= b for t, b in zip(outs[0], budgets, strict=True))
@@ -90,14 +91,14 @@ def test_per_row_budgets_cut_the_same_tokens(tiny) -> None:
 def test_auto_takes_the_kv_loop_exactly_where_it_applies(tiny) -> None:
     tok, model = tiny["tok"], tiny["llama"]
     policy = CausalLMPolicy(model, tok)
-    assert policy.uses_kv_loop(policy.sampling_options({}))
-    assert policy.uses_kv_loop(policy.sampling_options({"temperature": 0.5, "min_new_tokens": 2}))
+    assert policy.uses_kv_loop(policy.sampling)
+    assert policy.uses_kv_loop(policy.sampling.replace(temperature=0.5, min_new_tokens=2))
     for knob in ({"top_k": 5}, {"top_p": 0.9}, {"min_p": 0.1}, {"repetition_penalty": 1.2}):
-        assert not policy.uses_kv_loop(policy.sampling_options(knob)), knob
-    assert not policy.uses_kv_loop(policy.sampling_options({}), synced=True)
-    assert not CausalLMPolicy(model, tok, decoding="generate").uses_kv_loop(policy.sampling_options({}))
-    with pytest.raises(ValueError, match=r"decoding='vllm': choose 'auto'"):
-        CausalLMPolicy(model, tok, decoding="vllm")
+        assert not policy.uses_kv_loop(policy.sampling.replace(**knob)), knob
+    assert not policy.uses_kv_loop(policy.sampling, synced=True)
+    assert not policy.uses_kv_loop(policy.sampling.replace(decoding="generate"))
+    with pytest.raises(ValueError, match=r"SamplingSettings.decoding='vllm': choose 'auto'"):
+        CausalLMPolicy(model, tok, SamplingSettings(decoding="vllm"))
 
 
 def test_the_prefill_computes_only_the_last_positions_logits(tiny) -> None:
@@ -106,7 +107,9 @@ def test_the_prefill_computes_only_the_last_positions_logits(tiny) -> None:
     widths: list[int] = []
     hook = model.lm_head.register_forward_hook(lambda m, args, out: widths.append(int(args[0].shape[1])))
     try:
-        CausalLMPolicy(model, tok, max_new_tokens=3).generate_actions(["a longer prompt here"], 2)
+        CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=3)).generate_actions(
+            ["a longer prompt here"], 2
+        )
     finally:
         hook.remove()
     assert widths

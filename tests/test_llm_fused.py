@@ -24,6 +24,7 @@ import torch
 
 from grpo import GRPOConfig
 from grpo.llm.logprobs import VOCAB_BLOCK, chunked_token_logprobs, naive_token_logprobs
+from grpo.llm.sampling_settings import SamplingSettings
 
 
 def _inputs(n: int, v: int, h: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -151,8 +152,10 @@ def test_policy_with_compiled_log_probs_scores_like_the_default(tmp_path: Path) 
 
     tok = build_tokenizer(tmp_path, pad_is_eos=True)
     model = build_model(tmp_path, tok)
-    plain = CausalLMPolicy(model, tok, max_new_tokens=6, logprob_chunk_size=8)
-    fused = CausalLMPolicy(model, tok, max_new_tokens=6, logprob_chunk_size=8, compile_logprobs=True)
+    plain = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=6), logprob_chunk_size=8)
+    fused = CausalLMPolicy(
+        model, tok, SamplingSettings(max_new_tokens=6), logprob_chunk_size=8, compile_logprobs=True
+    )
     torch.manual_seed(0)
     comps = [c for g in plain.generate_actions(["1+2=", "what is 3+4?"], 3) for c in g]
 
@@ -187,6 +190,36 @@ def test_liger_config_problems_name_each_setting_liger_does_not_compute() -> Non
         assert any(re.search(message, p) for p in problems), (settings, problems)
         with pytest.raises(ValueError, match=r"LigerGRPOLoss cannot compute this config's loss"):
             LigerGRPOLoss(GRPOConfig(**settings))  # type: ignore[arg-type]
+
+
+def test_the_core_imports_no_liger_code_and_finds_the_loss_by_name() -> None:
+    """Liger's loss and its table of what it computes live in grpo.llm.liger; no module outside
+    grpo/llm imports it (function-local imports included): the trainer and the config's check find
+    it as the loss plugin "liger", which ``import grpo.llm`` registers."""
+    import ast
+
+    import grpo
+    import grpo.llm  # registers the plugin
+    from grpo.algorithms.loss_plugins import loss_plugin
+    from grpo.llm import liger
+
+    root = Path(grpo.__file__).parent
+    for path in root.rglob("*.py"):
+        if path.is_relative_to(root / "llm"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)]
+            assert not any(n.startswith("grpo.llm.liger") for n in names), (path, names)
+    assert not hasattr(importlib.import_module("grpo.config"), "liger_config_problems")
+    plugin = loss_plugin("liger")
+    assert plugin is not None
+    assert plugin.problems is liger.liger_config_problems
+    assert plugin.build is liger.build_liger_loss
+    assert liger.liger_config_problems(GRPOConfig(entropy_coeff=0.01, use_liger_loss=False)) == [
+        "entropy_coeff=0.01: Liger's loss has no entropy term; set 0"
+    ]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is not None, reason="liger-kernel installed")
@@ -321,7 +354,7 @@ def test_use_liger_loss_is_refused_for_what_liger_does_not_compute(tmp_path: Pat
         from tests.llm_helpers import build_model, build_tokenizer
 
         tok = build_tokenizer(tmp_path)
-        policy = CausalLMPolicy(build_model(tmp_path, tok), tok, max_new_tokens=4)
+        policy = CausalLMPolicy(build_model(tmp_path, tok), tok, SamplingSettings(max_new_tokens=4))
         with pytest.raises(ImportError, match=r"pip install liger-kernel"):
             GRPOTrainer(config, policy, lambda prompts, comps: [0.0] * len(comps))
 
@@ -356,7 +389,7 @@ def test_trainer_step_with_liger_loss_gives_the_default_weights(
     def one_step(use_liger: bool) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         m = copy.deepcopy(model)
         policy = CausalLMPolicy(
-            m, tok, max_new_tokens=6, temperature=0.9, logprob_chunk_size=16, autocast=False
+            m, tok, SamplingSettings(max_new_tokens=6, temperature=0.9), logprob_chunk_size=16, autocast=False
         )
         config = GRPOConfig(
             group_size=4, batch_size=2, seed=0, use_liger_loss=use_liger, clip_epsilon=0.05,

@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("transformers")
 
 from grpo.llm import CausalLMPolicy, Completion
-from grpo.llm.policy import GENERATE_OPTIONS
+from grpo.llm.sampling_settings import SamplingSettings
 from tests.llm_helpers import build_model, build_tokenizer
 
 
@@ -39,7 +39,9 @@ def _naive(model, c: Completion, *, ban_eos: list[int] | None = None) -> tuple[t
 
 def test_per_call_temperature_is_recorded_and_scored(tiny) -> None:
     tok, model = tiny["tok"], tiny["llama"]
-    policy = CausalLMPolicy(model, tok, max_new_tokens=5, temperature=1.0, logprob_chunk_size=None)
+    policy = CausalLMPolicy(
+        model, tok, SamplingSettings(max_new_tokens=5, temperature=1.0), logprob_chunk_size=None
+    )
     torch.manual_seed(0)
     groups = policy.generate_actions(["1+2=", "ab"], 2, temperature=0.5)
     flat = [c for g in groups for c in g]
@@ -50,10 +52,10 @@ def test_per_call_temperature_is_recorded_and_scored(tiny) -> None:
         for i, c in enumerate(flat):
             lp, _ = _naive(model, c)
             torch.testing.assert_close(out.log_probs[i, : len(c)], lp, atol=1e-5, rtol=1e-5)
-    assert "temperature" in GENERATE_OPTIONS
-    with pytest.raises(TypeError, match=r"unknown options \['beams'\]"):
+    assert "temperature" in SamplingSettings.names()
+    with pytest.raises(TypeError, match=r"unknown sampling settings \['beams'\]; known: \["):
         policy.generate_actions(["x"], 2, beams=3)
-    with pytest.raises(ValueError, match=r"temperature=0.0 must be > 0"):
+    with pytest.raises(ValueError, match=r"SamplingSettings.temperature=0.0 must be > 0"):
         policy.generate_actions(["x"], 2, temperature=0.0)
 
 
@@ -61,7 +63,9 @@ def test_min_p_is_honoured_end_to_end(tiny) -> None:
     """Every sampled token keeps p >= min_p * max_v p at its position (HF's min-p rule, on the
     temperature-scaled distribution the token is scored with)."""
     tok, model = tiny["tok"], tiny["llama"]
-    policy = CausalLMPolicy(model, tok, max_new_tokens=6, min_p=0.3, logprob_chunk_size=None)
+    policy = CausalLMPolicy(
+        model, tok, SamplingSettings(max_new_tokens=6, min_p=0.3), logprob_chunk_size=None
+    )
     torch.manual_seed(3)
     flat = [c for g in policy.generate_actions(["1+2=", "hello", "x"], 8) for c in g]
     with torch.no_grad():
@@ -74,10 +78,12 @@ def test_min_p_is_honoured_end_to_end(tiny) -> None:
 
 def test_max_model_len_caps_each_completion_and_refuses_a_prompt_with_no_room(tiny) -> None:
     tok, model = tiny["tok"], tiny["llama"]
-    policy = CausalLMPolicy(model, tok, max_new_tokens=8, min_new_tokens=8, max_model_len=12)
+    policy = CausalLMPolicy(
+        model, tok, SamplingSettings(max_new_tokens=8, min_new_tokens=8, max_model_len=12)
+    )
     prompts = ["abcdefgh", "ab"]  # 8 and 2 tokens (the tiny tokenizer adds no BOS)
     lengths = [len(policy.encode_prompt(p)) for p in prompts]
-    assert policy.completion_budgets(lengths, 8) == [min(8, 12 - n) for n in lengths]
+    assert policy.sampling.completion_budgets(lengths) == [min(8, 12 - n) for n in lengths]
     torch.manual_seed(0)
     groups = policy.generate_actions(prompts, 3)
     for prompt_len, group in zip(lengths, groups, strict=True):
@@ -88,14 +94,18 @@ def test_max_model_len_caps_each_completion_and_refuses_a_prompt_with_no_room(ti
             assert prompt_len + len(c) <= 12
     with pytest.raises(ValueError, match=r"prompt 1 has 12 tokens.*max_model_len=12.*max_prompt_length"):
         policy.generate_actions(["ab", "abcdefghijkl"], 2)
-    cut = CausalLMPolicy(model, tok, max_new_tokens=8, max_model_len=12, max_prompt_length=11)
+    cut = CausalLMPolicy(
+        model, tok, SamplingSettings(max_new_tokens=8, max_model_len=12), max_prompt_length=11
+    )
     assert len(cut.generate_actions(["abcdefghijkl"], 1)[0][0]) == 1  # left-truncated: room for 1
 
 
 @pytest.mark.parametrize("chunk", [None, 3])
 def test_min_new_tokens_bans_eos_and_is_scored_with_the_ban(tiny, chunk: int | None) -> None:
     tok, model = tiny["tok"], tiny["llama"]
-    policy = CausalLMPolicy(model, tok, max_new_tokens=6, logprob_chunk_size=chunk, temperature=0.8)
+    policy = CausalLMPolicy(
+        model, tok, SamplingSettings(max_new_tokens=6, temperature=0.8), logprob_chunk_size=chunk
+    )
     torch.manual_seed(1)
     flat = [c for g in policy.generate_actions(["1+2=", "xy"], 4, min_new_tokens=3) for c in g]
     eos = policy.eos_token_ids
@@ -128,8 +138,10 @@ def test_generation_chunks_keep_deterministic_samples_identical(tiny) -> None:
     samples for a seed: the random stream is consumed in another order.)"""
     tok, model = tiny["tok"], tiny["llama"]
     prompts = ["1+2=", "hello there", "x", "ab"]
-    whole = CausalLMPolicy(model, tok, max_new_tokens=6, top_k=1).generate_actions(prompts, 3)
-    chunked = CausalLMPolicy(model, tok, max_new_tokens=6, top_k=1, generation_batch_size=2)
+    whole = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=6, top_k=1)).generate_actions(
+        prompts, 3
+    )
+    chunked = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=6, top_k=1, generation_batch_size=2))
     parts = chunked.generate_actions(prompts, 3)
     assert [[c.token_ids.tolist() for c in g] for g in parts] == [
         [c.token_ids.tolist() for c in g] for g in whole
@@ -138,7 +150,7 @@ def test_generation_chunks_keep_deterministic_samples_identical(tiny) -> None:
 
 def test_constructor_checks_the_new_knobs(tiny) -> None:
     tok, model = tiny["tok"], tiny["llama"]
-    with pytest.raises(ValueError, match=r"min_new_tokens=-1 must be an integer >= 0"):
-        CausalLMPolicy(model, tok, min_new_tokens=-1)
-    with pytest.raises(ValueError, match=r"max_model_len=0 must be an integer >= 1 or None"):
-        CausalLMPolicy(model, tok, max_model_len=0)
+    with pytest.raises(ValueError, match=r"SamplingSettings.min_new_tokens=-1 must be >= 0"):
+        CausalLMPolicy(model, tok, SamplingSettings(min_new_tokens=-1))
+    with pytest.raises(ValueError, match=r"SamplingSettings.max_model_len=0 must be an integer >= 1 or None"):
+        CausalLMPolicy(model, tok, SamplingSettings(max_model_len=0))

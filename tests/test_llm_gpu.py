@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 
 from grpo import GRPOConfig, GRPOTrainer
 from grpo.llm import CausalLMPolicy, RewardFunctions, chunked_token_logprobs, naive_token_logprobs
+from grpo.llm.sampling_settings import SamplingSettings
 from tests.llm_helpers import build_model, build_tokenizer
 
 DEVICE = os.environ.get("GRPO_TEST_GPU_DEVICE", "cuda")
@@ -45,7 +46,7 @@ def test_log_probs_on_the_device_match_a_naive_forward(tiny: dict[str, object]) 
     equal a per-row full-logits log_softmax + gather (left padding, pad == eos) within 1e-5."""
     tok, model = tiny["tok"], _fresh_model(tiny)
     policy = CausalLMPolicy(
-        model, tok, max_new_tokens=6, temperature=0.8, logprob_chunk_size=4, autocast=False
+        model, tok, SamplingSettings(max_new_tokens=6, temperature=0.8), logprob_chunk_size=4, autocast=False
     )
     torch.manual_seed(0)
     groups = policy.generate_actions(PROMPTS, 2)
@@ -70,7 +71,7 @@ def test_training_steps_on_the_device_with_bf16_autocast(tiny: dict[str, object]
     weights move, the parameters stay float32 on the device, and the autocast log-probs stay close
     to the float32 ones (bf16 keeps ~3 significant digits)."""
     tok, model = tiny["tok"], _fresh_model(tiny)
-    policy = CausalLMPolicy(model, tok, max_new_tokens=6, temperature=1.0, autocast=True)
+    policy = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=6, temperature=1.0), autocast=True)
     reward = RewardFunctions(lambda prompts, completions: [float(len(c)) / 6 for c in completions])
     cfg = GRPOConfig(group_size=4, batch_size=4, learning_rate=1e-3, kl_coeff=0.0, device=DEVICE, seed=0)
     trainer = GRPOTrainer(cfg, policy, reward)
@@ -129,7 +130,9 @@ def test_the_kv_cache_loop_draws_generates_tokens_on_the_device(
     tok, model = tiny["tok"], _fresh_model(tiny)
     out = []
     for decoding in ("auto", "generate"):
-        policy = CausalLMPolicy(model, tok, max_new_tokens=8, autocast=autocast, decoding=decoding)
+        policy = CausalLMPolicy(
+            model, tok, SamplingSettings(max_new_tokens=8, decoding=decoding), autocast=autocast
+        )
         torch.manual_seed(0)
         if DEVICE.startswith("cuda"):
             torch.cuda.manual_seed_all(0)

@@ -19,6 +19,7 @@ from grpo import GRPOConfig, GRPOTrainer  # noqa: E402
 from grpo.llm import CausalLMPolicy, Completion, DisabledAdapterReference, RewardFunctions  # noqa: E402
 from grpo.llm.checkpoint import load_llm_checkpoint, save_llm_checkpoint  # noqa: E402
 from grpo.llm.lora import SeparateAdapterReference, adapter_parameters, pad_lora_pair  # noqa: E402
+from grpo.llm.sampling_settings import SamplingSettings  # noqa: E402
 from tests.llm_helpers import build_model, build_tokenizer  # noqa: E402
 
 
@@ -107,7 +108,7 @@ def test_default_lora_reference_is_the_disabled_adapter_with_no_extra_parameter(
     tok = tiny["tok"]
     comps = _comps(tok)
     base_lp = _logp(CausalLMPolicy(_base(tiny), tok), comps)
-    policy = CausalLMPolicy(_lora(tiny), tok, max_new_tokens=3)
+    policy = CausalLMPolicy(_lora(tiny), tok, SamplingSettings(max_new_tokens=3))
     assert (_logp(policy, comps) - base_lp).abs().max() > 1e-3  # the adapter changes the outputs
     size = _param_bytes(policy.model)
     cfg = GRPOConfig(device="cpu", group_size=2, batch_size=2, kl_coeff=0.1, learning_rate=0.05, seed=0)
@@ -127,7 +128,7 @@ def test_default_lora_reference_is_the_disabled_adapter_with_no_extra_parameter(
 def test_full_finetune_still_gets_a_frozen_copy_the_size_of_the_model(tiny) -> None:
     """The same measurement sees the copy where one is needed (no adapter to disable)."""
     model = _base(tiny)
-    policy = CausalLMPolicy(model, tiny["tok"], max_new_tokens=3)
+    policy = CausalLMPolicy(model, tiny["tok"], SamplingSettings(max_new_tokens=3))
     trainer = GRPOTrainer(
         GRPOConfig(device="cpu", group_size=2, batch_size=1, kl_coeff=0.1), policy, _reward()
     )
@@ -142,7 +143,9 @@ def test_separate_reference_adapter_equals_a_frozen_copy_and_refreshes(tiny) -> 
     model = _lora(tiny)
     frozen = copy.deepcopy(model).eval()  # what the reference must compute until refreshed
     before = _param_bytes(model)
-    policy = CausalLMPolicy(model, tok, max_new_tokens=2, use_separate_reference_adapter=True)
+    policy = CausalLMPolicy(
+        model, tok, SamplingSettings(max_new_tokens=2), use_separate_reference_adapter=True
+    )
     actor = {n: p for n, p in model.named_parameters() if ".default." in n}
     assert _param_bytes(model) - before == sum(p.numel() * p.element_size() for p in actor.values())
     assert set(policy.get_parameters()) == set(actor)  # the reference adapter is frozen
@@ -176,7 +179,7 @@ def test_separate_reference_adapter_equals_a_frozen_copy_and_refreshes(tiny) -> 
 
 def test_errors_where_no_lora_reference_applies(tiny) -> None:
     tok = tiny["tok"]
-    policy = CausalLMPolicy(_lora(tiny), tok, max_new_tokens=3)
+    policy = CausalLMPolicy(_lora(tiny), tok, SamplingSettings(max_new_tokens=3))
     weights = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     cfg = GRPOConfig(device="cpu", group_size=2, batch_size=1, kl_coeff=0.1, reference_update_freq=5)
     with pytest.raises(ValueError, match=r"reference_update_freq=5.*use_separate_reference_adapter=True"):

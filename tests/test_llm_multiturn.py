@@ -27,6 +27,7 @@ from grpo.llm.multiturn import (
     MultiTurnPolicy,
     turn_token_rewards,
 )
+from grpo.llm.sampling_settings import SamplingSettings
 from tests.llm_helpers import build_model, build_tokenizer
 
 
@@ -70,7 +71,9 @@ def env_blocks(c: Conversation) -> list[list[int]]:
 def test_env_tokens_masked_and_logprobs_equal_a_plain_forward(tiny, chunk: int | None) -> None:
     tok, model = tiny["tok"], tiny["model"]
     temperature = 0.8
-    policy = CausalLMPolicy(model, tok, max_new_tokens=5, temperature=temperature, logprob_chunk_size=chunk)
+    policy = CausalLMPolicy(
+        model, tok, SamplingSettings(max_new_tokens=5, temperature=temperature), logprob_chunk_size=chunk
+    )
     mt = MultiTurnPolicy(policy, guessing, max_turns=3, max_total_tokens=400)
     torch.manual_seed(0)
     convs = flat(mt.generate_actions([0, 1], 2))
@@ -109,7 +112,7 @@ def test_env_tokens_masked_and_logprobs_equal_a_plain_forward(tiny, chunk: int |
 
 def test_truncation_at_max_turns(tiny) -> None:
     tok, model = tiny["tok"], tiny["model"]
-    policy = CausalLMPolicy(model, tok, max_new_tokens=4)
+    policy = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=4))
     secret = {"secret": 999}  # a random model does not find it in 1..1000
     mt = MultiTurnPolicy(policy, lambda n: guessing(n, high=1000), max_turns=2, max_total_tokens=400)
     torch.manual_seed(1)
@@ -128,7 +131,7 @@ def test_truncation_at_max_turns(tiny) -> None:
 @pytest.mark.parametrize(("max_total", "max_new"), [(12, 8), (3, 8)])
 def test_truncation_at_max_total_tokens(tiny, max_total: int, max_new: int) -> None:
     tok, model = tiny["tok"], tiny["model"]
-    policy = CausalLMPolicy(model, tok, max_new_tokens=max_new)
+    policy = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=max_new))
     mt = MultiTurnPolicy(policy, lambda n: guessing(n, high=1000), max_turns=4, max_total_tokens=max_total)
     torch.manual_seed(2)
     convs = flat(mt.generate_actions([{"secret": 999}], 4))
@@ -167,7 +170,7 @@ def test_failing_tools_become_observations_inside_an_episode(tiny) -> None:
 
     box = ToolBox(tools, timeout=1.0, max_output_chars=100, parser=parser)
     problems = [Problem("what is the code of x?", "42")]
-    policy = CausalLMPolicy(model, tok, max_new_tokens=4)
+    policy = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=4))
     mt = MultiTurnPolicy(policy, lambda n: TextEnv(lambda: ToolTask(problems, box), n), max_turns=2)
     try:
         torch.manual_seed(3)
@@ -209,9 +212,9 @@ def length_reward(states: Any, completions: Any) -> torch.Tensor:
 def test_one_turn_episode_equals_the_single_turn_path_bitwise(tiny, tmp_path: Path) -> None:
     tok = tiny["tok"]
     models = [build_model(tmp_path / f"m{i}", tok, arch="llama", seed=5) for i in range(2)]
-    single = CausalLMPolicy(models[0], tok, max_new_tokens=6, logprob_chunk_size=16)
+    single = CausalLMPolicy(models[0], tok, SamplingSettings(max_new_tokens=6), logprob_chunk_size=16)
     multi = MultiTurnPolicy(
-        CausalLMPolicy(models[1], tok, max_new_tokens=6, logprob_chunk_size=16),
+        CausalLMPolicy(models[1], tok, SamplingSettings(max_new_tokens=6), logprob_chunk_size=16),
         lambda n: TextEnv(OneTurn, n),
         max_turns=1,
     )
@@ -284,7 +287,7 @@ def test_turn_credit_return_to_go_equals_a_loop_over_turns(gamma: float) -> None
 def test_errors_name_the_problem(tiny) -> None:
     tok, model = tiny["tok"], tiny["model"]
     with pytest.raises(ValueError, match="min_new_tokens=2 would ban the end-of-turn token"):
-        MultiTurnPolicy(CausalLMPolicy(model, tok, min_new_tokens=2), guessing)
+        MultiTurnPolicy(CausalLMPolicy(model, tok, SamplingSettings(min_new_tokens=2)), guessing)
     with pytest.raises(ValueError, match="max_turns=0"):
         MultiTurnPolicy(CausalLMPolicy(model, tok), guessing, max_turns=0)
     rewriting = copy.deepcopy(tok)  # renders only the last message: not a prefix of its continuation
@@ -292,7 +295,9 @@ def test_errors_name_the_problem(tiny) -> None:
         "{% for m in messages %}{% if loop.last %}<{{ m['role'][0] }}>{{ m['content'] }}{% endif %}"
         "{% endfor %}{% if add_generation_prompt %}<a>{% endif %}"
     )
-    mt = MultiTurnPolicy(CausalLMPolicy(model, rewriting, max_new_tokens=2), guessing, max_turns=3)
+    mt = MultiTurnPolicy(
+        CausalLMPolicy(model, rewriting, SamplingSettings(max_new_tokens=2)), guessing, max_turns=3
+    )
     with pytest.raises(ValueError, match="does not render a conversation as a prefix"):
         mt.generate_actions([{"secret": 3}], 1)
     wrong = MultiTurnPolicy(CausalLMPolicy(model, tok), lambda n: guessing(n + 1))
@@ -306,7 +311,7 @@ def test_errors_name_the_problem(tiny) -> None:
 
 def _trainer(tok: Any, directory: Path, per_turn: bool) -> GRPOTrainer:
     model = build_model(directory, tok, arch="llama", seed=1)
-    policy = CausalLMPolicy(model, tok, max_new_tokens=3, logprob_chunk_size=32)
+    policy = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=3), logprob_chunk_size=32)
     mt = MultiTurnPolicy(policy, guessing, max_turns=2, max_total_tokens=120)
     config = GRPOConfig(
         group_size=2,

@@ -18,6 +18,7 @@ from grpo.llm import (
     Completion,
     DisabledAdapterReference,
     RewardFunctions,
+    SamplingSettings,
     chunked_token_logprobs,
     naive_token_logprobs,
 )
@@ -68,7 +69,7 @@ def _naive_row(model, c: Completion, temperature: float) -> tuple[torch.Tensor, 
 def test_log_probs_match_naive_per_row(tiny, arch: str, chunk: int | None) -> None:
     tok, model = tiny["tok"], tiny[arch]
     temperature = 0.7
-    policy = CausalLMPolicy(model, tok, logprob_chunk_size=chunk, temperature=temperature)
+    policy = CausalLMPolicy(model, tok, SamplingSettings(temperature=temperature), logprob_chunk_size=chunk)
     comps = _completions(tok, temperature)
     with torch.no_grad():
         out = policy.evaluate_actions(None, comps, with_entropy=True)
@@ -189,7 +190,9 @@ def test_entropy_for_metrics_only_carries_no_gradient(tiny, chunk) -> None:
 def test_generation_stops_on_eos_and_masks_by_position(tiny) -> None:
     tok, model = tiny["tok"], tiny["llama"]
     policy = CausalLMPolicy(
-        model, tok, max_new_tokens=12, top_k=20, top_p=0.95, min_p=0.01, repetition_penalty=1.1
+        model,
+        tok,
+        SamplingSettings(max_new_tokens=12, top_k=20, top_p=0.95, min_p=0.01, repetition_penalty=1.1),
     )
     torch.manual_seed(1)
     groups = policy.generate_actions(["1+2=", "x", [{"role": "user", "content": "hi"}]], 4)
@@ -210,16 +213,16 @@ def test_generation_stops_on_eos_and_masks_by_position(tiny) -> None:
     assert tok.decode(groups[2][0].prompt_ids) == "<u>hi<a>"
     out = policy.evaluate_actions(None, flat)
     assert out.mask.sum(1).tolist() == [len(c) for c in flat]
-    with pytest.raises(TypeError, match=r"unknown options \['num_beams'\]"):
+    with pytest.raises(TypeError, match=r"unknown sampling settings \['num_beams'\]"):
         policy.generate_actions(["x"], 2, num_beams=2)
 
 
 def test_constructor_errors(tiny) -> None:
     tok, model = tiny["tok"], tiny["llama"]
-    with pytest.raises(ValueError, match=r"temperature=0 must be > 0"):
-        CausalLMPolicy(model, tok, temperature=0)
+    with pytest.raises(ValueError, match=r"SamplingSettings.temperature=0.0 must be > 0"):
+        CausalLMPolicy(model, tok, SamplingSettings(temperature=0))
     with pytest.raises(ValueError, match=r"top_p=1.5"):
-        CausalLMPolicy(model, tok, top_p=1.5)
+        CausalLMPolicy(model, tok, SamplingSettings(top_p=1.5))
     policy = CausalLMPolicy(model, tok)
     with pytest.raises(TypeError, match=r"expects grpo\.llm\.Completion"):
         policy.evaluate_actions(None, ["text"])
@@ -227,7 +230,7 @@ def test_constructor_errors(tiny) -> None:
 
 def test_reference_none_for_full_finetune_and_copy_when_kl(tiny) -> None:
     tok, model = tiny["tok"], tiny["gpt2"]
-    policy = CausalLMPolicy(model, tok, max_new_tokens=3)
+    policy = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=3))
     assert policy.reference_policy() is None
     r = RewardFunctions(lambda p, c: [0.0] * len(c))
     t0 = GRPOTrainer(GRPOConfig(group_size=2, batch_size=1, kl_coeff=0.0), policy, r)
@@ -248,7 +251,7 @@ def test_lora_reference_is_the_disabled_adapter(tiny, tmp_path: Path) -> None:
         base_lp = CausalLMPolicy(base, tok).evaluate_actions(None, comps).log_probs.clone()
     cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
     model = peft.get_peft_model(base, cfg)
-    policy = CausalLMPolicy(model, tok, max_new_tokens=4, gradient_checkpointing=True)
+    policy = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=4), gradient_checkpointing=True)
     ref = policy.reference_policy()
     assert isinstance(ref, DisabledAdapterReference)
     assert ref.policy is policy
@@ -276,7 +279,7 @@ def test_policy_learns_to_emit_target_token(tiny, tmp_path: Path) -> None:
     init, 55-token vocabulary) the mean reward reaches >= 0.9 within 20 steps (9 at this seed)."""
     tok = tiny["tok"]
     model = build_model(tmp_path / "m", tok, arch="llama", seed=0)
-    policy = CausalLMPolicy(model, tok, max_new_tokens=4, logprob_chunk_size=64)
+    policy = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=4), logprob_chunk_size=64)
 
     def sevens(prompts, completions):
         return [c.count("7") / 4 for c in completions]
@@ -318,7 +321,7 @@ def test_qwen2_architecture_with_a_vocabulary_larger_than_the_tokenizer(tmp_path
     assert type(model).__name__ == "Qwen2ForCausalLM"
     assert model.lm_head.weight is model.model.embed_tokens.weight  # tied, as Qwen2-0.5B
     assert model.config.num_key_value_heads == 2
-    policy = CausalLMPolicy(model, tok, max_new_tokens=6, logprob_chunk_size=8)
+    policy = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=6), logprob_chunk_size=8)
     torch.manual_seed(0)
     groups = policy.generate_actions(["1+2=", "3+4="], 4)
     flat = [c for g in groups for c in g]

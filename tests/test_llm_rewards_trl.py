@@ -18,6 +18,7 @@ pytest.importorskip("transformers")
 from grpo import GRPOConfig, GRPOTrainer
 from grpo.llm.policy import CausalLMPolicy, Completion
 from grpo.llm.rewards import REWARD_ARGUMENTS, RewardFunctions, reward_signature
+from grpo.llm.sampling_settings import SamplingSettings
 from tests.data import trl_style_rewards as trl
 from tests.llm_helpers import build_model, build_tokenizer
 
@@ -241,7 +242,7 @@ def test_trl_module_in_a_real_trainer_step(tmp_path: Path) -> None:
     logged component equals the function applied by hand to the sampled texts."""
     tok = build_tokenizer(tmp_path / "tok", pad_is_eos=True, chat_template=True)
     model = build_model(tmp_path / "m", tok, arch="llama", seed=0)
-    policy = CausalLMPolicy(model, tok, max_new_tokens=6)
+    policy = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=6))
     seen: list[str] = []
 
     def record(prompts, completions):  # grpo convention, weight 0: the texts the step sampled

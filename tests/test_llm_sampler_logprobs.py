@@ -14,6 +14,7 @@ pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo.llm import CausalLMPolicy
+from grpo.llm.sampling_settings import SamplingSettings
 from grpo.llm.tiny import build_tiny_model, build_tiny_tokenizer
 
 PROMPTS = ["1+2=", "33", "x"]
@@ -39,7 +40,9 @@ def test_sampler_log_probs_equal_a_forward_and_the_tokens_generate_actions(
 ) -> None:
     tok = AutoTokenizer.from_pretrained(model_dir)
     policy = CausalLMPolicy(
-        AutoModelForCausalLM.from_pretrained(model_dir), tok, generation_batch_size=5, **settings
+        AutoModelForCausalLM.from_pretrained(model_dir),
+        tok,
+        SamplingSettings(generation_batch_size=5, **settings),
     )
     policy.eval()
     torch.manual_seed(3)

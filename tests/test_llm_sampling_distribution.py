@@ -11,6 +11,7 @@ import torch
 pytest.importorskip("transformers")
 
 from grpo.llm import CausalLMPolicy
+from grpo.llm.sampling_settings import SamplingSettings
 from tests.llm_helpers import build_model, build_tokenizer
 
 N = 20_000  # first tokens drawn per check
@@ -57,7 +58,7 @@ def _assert_drawn_from(counts: torch.Tensor, p: torch.Tensor) -> None:
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_generate_samples_the_full_softmax_not_transformers_top_k_50(tiny, temperature: float) -> None:
     tok, model = tiny["tok"], tiny["model"]
-    policy = CausalLMPolicy(model, tok, max_new_tokens=1, temperature=temperature)
+    policy = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=1, temperature=temperature))
     vocab = model.config.vocab_size
     assert vocab > 50  # so transformers' default top_k=50 would cut tokens off
     p = _first_token_probs(model, policy, "1+2=", temperature)
@@ -76,7 +77,7 @@ def test_the_checkpoints_generation_config_does_not_change_what_is_sampled(tiny,
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert loaded.generation_config.top_k == 2
     assert loaded.generation_config.min_p == 0.5
-    policy = CausalLMPolicy(loaded, tiny["tok"], max_new_tokens=1, temperature=1.0)
+    policy = CausalLMPolicy(loaded, tiny["tok"], SamplingSettings(max_new_tokens=1, temperature=1.0))
     p = _first_token_probs(loaded, policy, "3+4=", 1.0)
     _assert_drawn_from(_first_token_counts(policy, "3+4=", loaded.config.vocab_size), p)
     assert loaded.generation_config.top_k == 2  # the model's own config is put back afterwards
@@ -92,7 +93,9 @@ def test_the_policy_says_which_checkpoint_settings_it_does_not_apply(tiny, tmp_p
     model.generation_config.top_p = 0.8
     model.save_pretrained(tmp_path)
     with caplog.at_level("WARNING", logger="grpo.llm.generation_defaults"):
-        CausalLMPolicy(AutoModelForCausalLM.from_pretrained(tmp_path), tiny["tok"], temperature=0.9)
+        CausalLMPolicy(
+            AutoModelForCausalLM.from_pretrained(tmp_path), tiny["tok"], SamplingSettings(temperature=0.9)
+        )
     (record,) = [r for r in caplog.records if "generation_config sets" in r.getMessage()]
     assert "top_k=20, top_p=0.8" in record.getMessage()
     assert "temperature=0.9, top_k=0, top_p=1.0" in record.getMessage()
@@ -104,7 +107,7 @@ def test_the_policy_says_which_checkpoint_settings_it_does_not_apply(tiny, tmp_p
 
 def test_the_policys_own_top_k_still_truncates(tiny) -> None:
     tok, model = tiny["tok"], tiny["model"]
-    policy = CausalLMPolicy(model, tok, max_new_tokens=1, temperature=1.0)
+    policy = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=1, temperature=1.0))
     counts = _first_token_counts(policy, "1+2=", model.config.vocab_size, top_k=3)
     p = _first_token_probs(model, policy, "1+2=", 1.0)
     assert set(torch.nonzero(counts).flatten().tolist()) == set(torch.topk(p, 3).indices.tolist())
@@ -113,7 +116,7 @@ def test_the_policys_own_top_k_still_truncates(tiny) -> None:
 def test_the_models_generation_config_is_put_back_when_generate_raises(tiny) -> None:
     tok, model = tiny["tok"], tiny["model"]
     own = model.generation_config
-    policy = CausalLMPolicy(model, tok, max_new_tokens=1, decoding="generate")
+    policy = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=1, decoding="generate"))
     out_of_vocabulary = torch.tensor([3, model.config.vocab_size + 5])  # the embedding raises in generate
     with pytest.raises(IndexError):
         policy.generate_from_ids([out_of_vocabulary], [1])
@@ -124,7 +127,7 @@ def test_what_generation_returns_is_no_inference_tensor(tiny) -> None:
     """generate runs in inference mode; its completions and sampler log-probs must still be
     usable in a training forward (an inference tensor cannot be saved for backward)."""
     tok, model = tiny["tok"], tiny["model"]
-    policy = CausalLMPolicy(model, tok, max_new_tokens=4)
+    policy = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=4))
     groups, sampler = policy.generate_actions_with_sampler_log_probs(["1+2=", "ab"], 3)
     flat = [c for g in groups for c in g]
     assert not any(c.token_ids.is_inference() or c.prompt_ids.is_inference() for c in flat)

@@ -20,6 +20,7 @@ from grpo.envs.protocol import Message
 from grpo.envs.text import TextEnv, TurnResult
 from grpo.llm import CausalLMPolicy
 from grpo.llm.multiturn import Conversation, MultiTurnPolicy, chat_template_delta, environment_text
+from grpo.llm.sampling_settings import SamplingSettings
 from tests.llm_helpers import build_model, build_tokenizer
 
 CHATML = (
@@ -63,7 +64,7 @@ def tiny_lm(d: Path, template: str) -> CausalLMPolicy:
         tok.eos_token = "<|im_end|>"
         tok.chat_template = {"chatml": CHATML, "chatml_system": CHATML_SYSTEM, "numbered": NUMBERED}[template]
     model = build_model(d / "model", tok, seed=3)
-    return CausalLMPolicy(model, tok, max_new_tokens=3, temperature=1.0)
+    return CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=3, temperature=1.0))
 
 
 def rollout(
@@ -128,7 +129,7 @@ def test_untrained_tiny_model_never_puts_pad_in_a_text(tmp_path: Path) -> None:
     tok = build_tokenizer(tmp_path / "tok", pad_is_eos=True, chat_template=True)
     pad = tok.convert_tokens_to_ids("<pad>")
     assert pad != tok.pad_token_id == tok.eos_token_id
-    lm = CausalLMPolicy(build_model(tmp_path / "m", tok, seed=0), tok, max_new_tokens=12)
+    lm = CausalLMPolicy(build_model(tmp_path / "m", tok, seed=0), tok, SamplingSettings(max_new_tokens=12))
     assert sorted(lm.eos_token_ids) == sorted([tok.eos_token_id, pad])
     torch.manual_seed(0)
     comps = [c for g in lm.generate_actions(["a", "b"], 64) for c in g]

@@ -340,16 +340,10 @@ def test_errors_name_the_fix():
         obj(x, x.detach(), torch.zeros(2), torch.ones(2, 3, dtype=torch.bool), 1.0)
 
 
-# ---- the fused "clip" path against the composed one -------------------------------------------
+# ---- the "clip" twin (grpo.algorithms.clip_twin) against the composed path ----------------------
 def _composed(**kw):
-    """The same objective forced onto the composed (autograd) path via a user loss_fn."""
-    lo, hi, dual = kw["clip_epsilon"], kw["clip_epsilon_high"], kw.get("dual_clip_c")
-    c = kw.get("log_ratio_clamp", 20.0)
-
-    def loss_fn(logp, old, adv, mask):
-        return clip_loss(logp, old, adv, mask, eps_low=lo, eps_high=hi, dual_clip_c=dual, log_ratio_clamp=c)
-
-    return GRPOObjective(loss_fn=loss_fn, **kw)
+    """The same objective on the composed (autograd) path: the twin turned off."""
+    return GRPOObjective(clip_twin=False, **kw)
 
 
 @pytest.mark.parametrize("agg", AGGREGATIONS)
@@ -363,7 +357,7 @@ def _composed(**kw):
         ("mc", 0.1, False, 3.0),  # no reference
     ],
 )
-def test_fused_clip_path_equals_composed_path(agg, kl_est, entropy_kind, kl_coeff, with_ref, dual):
+def test_clip_twin_equals_composed_path(agg, kl_est, entropy_kind, kl_coeff, with_ref, dual):
     logp, old, ref, adv, mask, ent = random_inputs(seed=3, spread=1.5)
     old[0, 0] = logp[0, 0] - 30.0  # a log-ratio beyond the clamp (20): no gradient through it
     kw = {
@@ -381,13 +375,13 @@ def test_fused_clip_path_equals_composed_path(agg, kl_est, entropy_kind, kl_coef
         inputs = [x, h] if entropy_kind == "exact_grad" else [x]
         grads = torch.autograd.grad(out.loss, inputs)
         results.append((out, grads))
-    (fused, g_fused), (composed, g_composed) = results
-    torch.testing.assert_close(fused.loss, composed.loss, atol=1e-12, rtol=1e-10)
-    torch.testing.assert_close(fused.stats, composed.stats, atol=1e-12, rtol=1e-10)
-    torch.testing.assert_close(fused.extremes, composed.extremes, atol=0, rtol=0)
-    for a, b in zip(g_fused, g_composed, strict=True):
+    (twin, g_twin), (composed, g_composed) = results
+    torch.testing.assert_close(twin.loss, composed.loss, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(twin.stats, composed.stats, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(twin.extremes, composed.extremes, atol=0, rtol=0)
+    for a, b in zip(g_twin, g_composed, strict=True):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
-    assert float(g_fused[0][0, 0]) == pytest.approx(
+    assert float(g_twin[0][0, 0]) == pytest.approx(
         float(
             (kl_coeff * _kl_grad(kl_est, logp, ref)[0, 0] if with_ref else 0.0)
             + _ent_grad(entropy_kind, logp)[0, 0]
@@ -443,16 +437,16 @@ def test_large_inputs_take_the_dot_product_statistics_and_agree() -> None:
         x = logp.clone().requires_grad_(True)
         out = obj(x, old, adv, mask, obj.normaliser(mask), logp_ref=ref)
         results.append((out, torch.autograd.grad(out.loss, x)[0]))
-    (fused, g_fused), (composed, g_composed) = results
-    torch.testing.assert_close(fused.stats, composed.stats, atol=1e-10, rtol=1e-10)
-    torch.testing.assert_close(fused.extremes, composed.extremes, atol=0, rtol=0)
-    torch.testing.assert_close(g_fused, g_composed, atol=1e-12, rtol=1e-10)
+    (twin, g_twin), (composed, g_composed) = results
+    torch.testing.assert_close(twin.stats, composed.stats, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(twin.extremes, composed.extremes, atol=0, rtol=0)
+    torch.testing.assert_close(g_twin, g_composed, atol=1e-12, rtol=1e-10)
     m = mask.to(D)
     ratio = torch.exp(logp - old)
-    assert float(fused.sums["steps"]) == float(m.sum())
-    assert float(fused.sums["ratio"]) == pytest.approx(float((ratio * m).sum()), rel=1e-12)
-    assert float(fused.sums["ratio_max"]) == pytest.approx(float(ratio[mask].max()), rel=1e-12)
-    assert float(fused.sums["ratio_min"]) == pytest.approx(float(ratio[mask].min()), rel=1e-12)
+    assert float(twin.sums["steps"]) == float(m.sum())
+    assert float(twin.sums["ratio"]) == pytest.approx(float((ratio * m).sum()), rel=1e-12)
+    assert float(twin.sums["ratio_max"]) == pytest.approx(float(ratio[mask].max()), rel=1e-12)
+    assert float(twin.sums["ratio_min"]) == pytest.approx(float(ratio[mask].min()), rel=1e-12)
 
 
 @pytest.mark.parametrize(("n", "t"), [(6, 5), (300, 128)])  # small and large statistics paths
@@ -538,10 +532,10 @@ def test_is_weights_scale_the_policy_term_only(agg, on_policy):
         plain = obj(x, old, adv, mask, obj.normaliser(mask), logp_ref=ref, on_policy=on_policy)
         assert torch.equal(ones.loss, plain.loss)  # weights of 1 change nothing
         assert torch.equal(ones.stats, plain.stats)
-    (fused, g_fused), (composed, g_composed) = results
-    torch.testing.assert_close(fused.loss, composed.loss, atol=1e-12, rtol=1e-10)
-    torch.testing.assert_close(fused.stats, composed.stats, atol=1e-12, rtol=1e-10)
-    torch.testing.assert_close(g_fused, g_composed, atol=1e-12, rtol=1e-10)
+    (twin, g_twin), (composed, g_composed) = results
+    torch.testing.assert_close(twin.loss, composed.loss, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(twin.stats, composed.stats, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(g_twin, g_composed, atol=1e-12, rtol=1e-10)
     # by hand: weighted policy term + unweighted KL and entropy estimate, aggregated
     r = torch.exp((logp - old).clamp(-20, 20))
     a = adv[:, None]
@@ -549,11 +543,11 @@ def test_is_weights_scale_the_policy_term_only(agg, on_policy):
     d = ref - logp
     per_step = w_is * pg + 0.1 * (torch.exp(d) - d - 1) - 0.01 * -logp
     expected = (per_step * _weight(agg, mask)).sum()
-    assert float(fused.loss.detach()) == pytest.approx(float(expected), rel=1e-10, abs=1e-12)
+    assert float(twin.loss.detach()) == pytest.approx(float(expected), rel=1e-10, abs=1e-12)
 
 
-# ---- a log-ratio clamp tighter than the clip bounds (regression: the fused path ignored it) ------
-def test_binding_log_ratio_clamp_fused_value_and_gradient_are_the_documented_ones():
+# ---- a log-ratio clamp tighter than the clip bounds (regression: the twin ignored it) ------
+def test_binding_log_ratio_clamp_twin_value_and_gradient_are_the_documented_ones():
     """logp = -1.0, logp_old = -1.15, A = 1, eps = 0.2, c = 0.1: the log-ratio 0.15 is clamped to
     0.1 before the clip (docs/algorithms.md), so the loss is -exp(0.1) with zero gradient."""
     logp = torch.tensor([[-1.0]], dtype=D, requires_grad=True)
@@ -579,7 +573,7 @@ def test_binding_log_ratio_clamp_fused_value_and_gradient_are_the_documented_one
 @pytest.mark.parametrize("clamp", [0.02, 0.1, 0.15, 0.25])
 @pytest.mark.parametrize("dual", [None, 1.1, 3.0])
 @pytest.mark.parametrize("agg", AGGREGATIONS)
-def test_fused_clip_path_equals_composed_and_loop_with_a_binding_log_ratio_clamp(clamp, dual, agg):
+def test_clip_twin_equals_composed_and_loop_with_a_binding_log_ratio_clamp(clamp, dual, agg):
     logp, old, ref, adv, mask, _ = random_inputs(seed=11, spread=0.4)
     kw = {
         "clip_epsilon": EPS_LO, "clip_epsilon_high": EPS_HI, "kl_coeff": 0.05, "kl_estimator": "k3",
@@ -590,10 +584,10 @@ def test_fused_clip_path_equals_composed_and_loop_with_a_binding_log_ratio_clamp
         x = logp.clone().requires_grad_(True)
         out = obj(x, old, adv, mask, obj.normaliser(mask), logp_ref=ref)
         results.append((out, torch.autograd.grad(out.loss, [x])[0]))
-    (fused, g_fused), (composed, g_composed) = results
-    torch.testing.assert_close(fused.loss, composed.loss, atol=1e-12, rtol=1e-10)
-    torch.testing.assert_close(fused.stats, composed.stats, atol=1e-12, rtol=1e-10)
-    torch.testing.assert_close(g_fused, g_composed, atol=1e-12, rtol=1e-10)
+    (twin, g_twin), (composed, g_composed) = results
+    torch.testing.assert_close(twin.loss, composed.loss, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(twin.stats, composed.stats, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(g_twin, g_composed, atol=1e-12, rtol=1e-10)
     # a plain loop over steps: l = -min(r A, clip(r) A), r = exp(clamp(logp - old, -c, c)), dual cap
     x = logp.clone().requires_grad_(True)
     z = float(GRPOObjective(**kw).normaliser(mask))
@@ -613,11 +607,11 @@ def test_fused_clip_path_equals_composed_and_loop_with_a_binding_log_ratio_clamp
             w = 1.0 / n_i if agg == "seq-mean-token-mean" else 1.0
             total = total + w * step
     loop = total / z
-    torch.testing.assert_close(fused.loss, loop, atol=1e-12, rtol=1e-10)
-    torch.testing.assert_close(g_fused, torch.autograd.grad(loop, [x])[0], atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(twin.loss, loop, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(g_twin, torch.autograd.grad(loop, [x])[0], atol=1e-12, rtol=1e-10)
 
 
-# ---- clip_epsilon = 1: no lower bound (issue 24: the fused path raised "math domain error") -------
+# ---- clip_epsilon = 1: no lower bound (issue 24: the twin raised "math domain error") -------
 def test_clip_epsilon_one_hand_values_no_lower_bound() -> None:
     """logp = -1, logp_old = 0, A = -1: rho = e^-1. eps_low = 1 gives l = -A rho = e^-1 with
     gradient e^-1 (the ratio is kept at any value); eps_low = 0.5 clips it at 0.5, gradient 0."""
@@ -639,7 +633,7 @@ def test_clip_epsilon_one_hand_values_no_lower_bound() -> None:
 @pytest.mark.parametrize("eps_high", [EPS_HI, 1e9], ids=["eps_high=0.28", "eps_high=1e9"])
 @pytest.mark.parametrize("dual", [None, 3.0], ids=["no_dual", "dual=3"])
 def test_clip_epsilon_one_equals_the_formula_without_lower_bound(agg, eps_high, dual):
-    """Fused and composed paths vs a plain loop of l = -min(rho A, clip(rho, 0, 1 + eps_high) A)
+    """Twin and composed paths vs a plain loop of l = -min(rho A, clip(rho, 0, 1 + eps_high) A)
     (capped at -c A for A < 0 with the dual clip), loss and gradient, off-policy ratios far below 1."""
     logp, old, _, adv, mask, _ = random_inputs(seed=7, spread=3.0)
     rho = torch.exp(logp - old)

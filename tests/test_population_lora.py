@@ -16,6 +16,7 @@ peft = pytest.importorskip("peft")
 
 from grpo import GRPOConfig, GRPOTrainer  # noqa: E402
 from grpo.llm import CausalLMPolicy, RewardFunctions  # noqa: E402
+from grpo.llm.sampling_settings import SamplingSettings  # noqa: E402
 from grpo.llm.tiny import build_tiny_model, build_tiny_tokenizer  # noqa: E402
 from grpo.population import (  # noqa: E402
     HyperparameterConfig,
@@ -59,7 +60,9 @@ def reward() -> RewardFunctions:
 
 
 def trainer_for(model: Any, tiny: dict[str, Any], hp: dict[str, float]) -> GRPOTrainer:
-    policy = CausalLMPolicy(model, tiny["tok"], max_new_tokens=3, temperature=hp["temperature"])
+    policy = CausalLMPolicy(
+        model, tiny["tok"], SamplingSettings(max_new_tokens=3, temperature=hp["temperature"])
+    )
     cfg = GRPOConfig(
         device="cpu", group_size=2, batch_size=2, kl_coeff=0.05, learning_rate=hp["learning_rate"],
         seed=0, distributed="off",
@@ -120,7 +123,9 @@ def test_a_separate_reference_adapter_is_refused(tiny: dict[str, Any], tmp_path:
     one = lora_model(tiny)
 
     def make(hp: dict[str, float]) -> GRPOTrainer:
-        policy = CausalLMPolicy(one, tiny["tok"], max_new_tokens=2, use_separate_reference_adapter=True)
+        policy = CausalLMPolicy(
+            one, tiny["tok"], SamplingSettings(max_new_tokens=2), use_separate_reference_adapter=True
+        )
         cfg = GRPOConfig(
             device="cpu",
             group_size=2,

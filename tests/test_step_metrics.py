@@ -99,13 +99,15 @@ def test_lengths_reduce_across_processes_as_the_concatenated_batch() -> None:
 # ---- a tiny real language model ------------------------------------------------------------------
 def test_llm_step_reports_lengths_and_truncated_share(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
-    from grpo.llm import CausalLMPolicy, RewardFunctions
+    from grpo.llm import CausalLMPolicy, RewardFunctions, SamplingSettings
     from tests.llm_helpers import build_model, build_tokenizer
 
     tok = build_tokenizer(tmp_path / "tok")
     assert tok.eos_token_id == EOS
     limit = 6
-    policy = CausalLMPolicy(build_model(tmp_path / "m", tok, arch="llama"), tok, max_new_tokens=limit)
+    policy = CausalLMPolicy(
+        build_model(tmp_path / "m", tok, arch="llama"), tok, SamplingSettings(max_new_tokens=limit)
+    )
     config = GRPOConfig(group_size=4, batch_size=4, kl_coeff=0.0, learning_rate=1e-3, seed=0)
     trainer = GRPOTrainer(config, policy, RewardFunctions(lambda p, c: [float(len(x)) for x in c]))
     torch.manual_seed(3)

@@ -303,14 +303,21 @@ def test_optional_glossary_keys_appear_exactly_when_their_option_is_on() -> None
         "eval/maj@<k>",
         "clip/frac",
         "episode/success_rate",
+        "sampling/draws",
+        "sampling/kept_groups",
+        "sampling/dropped_groups",
+        "sampling/surplus_groups",
+        "sampling/capped",
     }
     always = set(glossary_keys())
     on = make_trainer(
         drop_zero_variance_groups=True, invalid_rewards="drop_groups", sampler_is_cap=2.0,
-        adaptive_lr_kl=0.01, num_epochs_per_update=2, reward_shift_z=4.0,
+        adaptive_lr_kl=0.01, num_epochs_per_update=2, reward_shift_z=4.0, max_sampling_draws=4,
     )  # fmt: skip
     evaluated = on.evaluate(bandit_states(4), ks=(1, 2), answer=int)
-    logged = {declared_name(k) for k in set(on.step(bandit_states(4))) | set(evaluated)}
+    more = iter([bandit_states(4, seed=s) for s in (1, 2, 3)])
+    stepped = on.step(bandit_states(4), more_states=lambda: next(more, None))
+    logged = {declared_name(k) for k in set(stepped) | set(evaluated)}
     liger_only = {"clip/frac"}  # needs use_liger_loss, an LLM and liger-kernel: tests/test_llm_fused.py
     engine_only = {"async/staleness", "async/sync_seconds"}  # an engine with its own weights:
     # tests/test_async_rollouts.py

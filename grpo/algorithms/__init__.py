@@ -3,8 +3,9 @@
 * `grpo.algorithms.policy_losses`: per-step policy losses (clip, DAPO's asymmetric clip, GSPO, CISPO, ...)
 * `grpo.algorithms.kl`: KL estimators (k1, k2, k3) and the KL-in-reward penalty
 * `grpo.algorithms.aggregation`: masked aggregation of per-step losses (token / sequence mean, ...)
-* `grpo.algorithms.fused_clip`: the "clip" objective fused (values and gradients in one pass), a
-  second implementation of the composed loss, tested equal
+* `grpo.algorithms.clip_twin`: twin of `GRPOObjective.composed` for the "clip" loss (values and
+  gradients in one pass), kept for the small-policy step time it saves, tested equal
+* `grpo.algorithms.loss_plugins`: losses a wing registers by name (Liger's, from `grpo.llm.liger`)
 * `grpo.algorithms.objective_statistics`: the objective's statistics from its per-step values
 * `grpo.algorithms.advantages`: advantage variants (baselines, scales, per-step returns)
 * `grpo.algorithms.recipes`: named recipes of published settings (`GRPOConfig.recipe`)

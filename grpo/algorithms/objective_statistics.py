@@ -1,7 +1,7 @@
 """The objective's statistics: one reduction of the detached per-step values of a micro-batch.
 
 Both implementations of the loss (`grpo.grpo_objective.GRPOObjective`'s composed path and
-`grpo.algorithms.fused_clip`) hand their per-step values here, as rows of (n, T) tensors named in
+`grpo.algorithms.clip_twin`) hand their per-step values here, as rows of (n, T) tensors named in
 `ROWS`. With mask m, aggregation weights w (``aggregate(l) = sum(w * l)``, `aggregation_weights`)
 and the rows' weighted sums ``W[row] = sum(w * row)`` and masked sums ``M[row] = sum(m * row)``:
 

@@ -48,9 +48,9 @@ from grpo.engine.deepspeed import (
 from grpo.engine.distributed import DistributedSync, setup_distributed
 from grpo.engine.lr_schedules import build_scheduler
 from grpo.engine.optim import default_optimizer
-from grpo.experience_collector import same_device
 from grpo.policy_base import PolicyModel, check_policy, has_method, policy_parameters
 from grpo.reward_model_base import RewardModel, as_reward_model
+from grpo.runtime.devices import same_device
 
 __all__ = [
     "BackendSetup",

@@ -12,9 +12,13 @@ Three engines satisfy the protocol:
   policy object generates (Hugging Face ``generate`` for a language model). No copy of the
   weights, nothing to sync; exactly today's synchronous step.
 - `grpo.generation.worker.WorkerEngine` (``"worker"``): a copy of the policy in its own process
-  that receives the trainable weights after each update through shared memory.
-- `grpo.generation.vllm_engine.VLLMEngine` (``"vllm"``, optional): vLLM in the
+  that receives the trainable weights after each update through shared memory (a causal LM's
+  copy: `grpo.llm.engines.worker.causal_lm_worker`).
+- `grpo.llm.engines.vllm_engine.VLLMEngine` (``"vllm"``, optional): vLLM in the
   trainer's process, on CUDA or with vLLM's CPU build.
+
+An engine named in the config other than ``"hf"`` comes from the policy
+(`EngineProvider.generation_engine`): the core never imports a wing's engines.
 
 ``submit`` starts a generation and returns a handle; `PendingGeneration.result` waits for it.
 An engine with its own weights (worker, vLLM) runs the generations and weight syncs it is given
@@ -33,6 +37,7 @@ from torch import Tensor
 from grpo.policy_base import PolicyModel, PolicyOutput, has_method, set_training_mode
 
 __all__ = [
+    "EngineProvider",
     "Generated",
     "GenerationEngine",
     "InProcessEngine",
@@ -107,6 +112,15 @@ class GenerationEngine(Protocol):
     def sync(self, policy: PolicyModel, version: int) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class EngineProvider(Protocol):
+    """A policy that builds the generation engines it can run on (`grpo.llm.CausalLMPolicy`:
+    ``"worker"`` and ``"vllm"``). ``generation_engine(name, seed=...)`` returns a new engine for
+    the ``GRPOConfig.generation_engine`` ``name``, or raises ValueError naming the ones it has."""
+
+    def generation_engine(self, name: str, *, seed: int | None) -> GenerationEngine: ...
 
 
 class InProcessEngine:

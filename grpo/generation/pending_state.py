@@ -16,10 +16,9 @@ to ``state.json``; `grpo.state.checkpoint`)::
     version        int >= 0      the policy version that sampled it
     states_digest  str or None   SHA-256 of the states (`states_digest`), None when not hashable
     kind           "tensor"      actions (B, G, ...) Tensor
-                   "completions" B groups of G `grpo.llm.Completion` (no loss mask), N = B*G flat:
-                                 groups B, group_size G; prompt_ids / token_ids int64, every
-                                 sample's ids concatenated, with prompt_lengths / token_lengths
-                                 (N,) int64; text, finished, temperature, min_new_tokens: N each
+                   another kind  the fields of a registered `ActionCodec` (`register_action_codec`):
+                                 "completions", B groups of G `grpo.llm.Completion`, is
+                                 `grpo.llm.completion_state`'s (registered by ``import grpo.llm``)
     log_probs      the sampler's log-probs: {"log_probs": (N,) or (N, T) float, "mask": (N, T)
                    bool or None, "entropy": like log_probs or None, "wrapped": bool (a
                    `PolicyOutput`, not a bare Tensor)}, or None
@@ -39,11 +38,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -51,18 +48,48 @@ from torch import Tensor
 from grpo.generation.engine import Generated
 from grpo.policy_base import PolicyOutput
 
-__all__ = ["RestoredGeneration", "generation_state", "restored_generation", "states_digest"]
+__all__ = [
+    "ActionCodec",
+    "RestoredGeneration",
+    "describe_value",
+    "generation_state",
+    "register_action_codec",
+    "restored_generation",
+    "states_digest",
+]
 
-_MAX_ID = 2**31  # token ids and lengths: far above any vocabulary, far below int64 overflow
 _LOG_PROB_KEYS = ("log_probs", "mask", "entropy", "wrapped")
-_COMPLETION_LISTS = {"text": str, "finished": bool, "temperature": float, "min_new_tokens": int}
-_KEYS = {
-    "tensor": {"version", "states_digest", "kind", "log_probs", "actions"},
-    "completions": {
-        "version", "states_digest", "kind", "log_probs", "groups", "group_size",
-        "prompt_ids", "prompt_lengths", "token_ids", "token_lengths", *_COMPLETION_LISTS,
-    },
-}  # fmt: skip
+_HEAD = {"version", "states_digest", "kind", "log_probs"}
+
+
+class ActionCodec(Protocol):
+    """How one kind of non-tensor actions (a wing's: `grpo.llm.Completion` groups) is written to
+    a checkpoint and read back. ``kind``: its name in the entry; ``keys``: its fields beside
+    version, states_digest, kind and log_probs. ``encode(actions)``: those fields (plain data and
+    CPU tensors), or None when ``actions`` are not of this kind. ``decode(state, where)``: the
+    actions and their number N = B*G, every field checked (ValueError naming ``where`` and the
+    field)."""
+
+    kind: str
+    keys: frozenset[str]
+
+    def encode(self, actions: Any) -> dict[str, Any] | None: ...
+
+    def decode(self, state: Mapping[str, Any], where: str) -> tuple[Any, int]: ...
+
+
+_CODECS: dict[str, ActionCodec] = {}
+
+
+def register_action_codec(codec: ActionCodec) -> None:
+    """Let checkpoints hold the pending generations of ``codec.kind`` actions (idempotent)."""
+    if codec.kind == "tensor":
+        raise ValueError("the action kind 'tensor' is built in; register another name.")
+    _CODECS[codec.kind] = codec
+
+
+def _keys(kind: str) -> set[str]:
+    return _HEAD | ({"actions"} if kind == "tensor" else set(_CODECS[kind].keys))
 
 
 @dataclass(frozen=True)
@@ -95,41 +122,16 @@ def states_digest(states: Any) -> str | None:
 
 def generation_state(generated: Generated) -> dict[str, Any] | None:
     """``generated`` as plain data and CPU tensors (the module docstring's format); None when its
-    actions are neither a Tensor nor groups of `grpo.llm.Completion` without a loss mask."""
+    actions are neither a Tensor nor of a registered kind (`register_action_codec`)."""
     log_probs = _log_probs_state(generated.log_probs)
     head = {"version": int(generated.version), "states_digest": states_digest(generated.states)}
     if isinstance(generated.actions, Tensor):
         return {**head, "kind": "tensor", "log_probs": log_probs, "actions": generated.actions.detach().cpu()}
-    groups = _completion_groups(generated.actions)
-    if groups is None:
-        return None
-    flat = [c for g in groups for c in g]
-    return {
-        **head,
-        "kind": "completions",
-        "log_probs": log_probs,
-        "groups": len(groups),
-        "group_size": len(groups[0]),
-        "prompt_ids": torch.cat([c.prompt_ids.reshape(-1).cpu() for c in flat]).to(torch.int64),
-        "prompt_lengths": torch.tensor([c.prompt_ids.numel() for c in flat], dtype=torch.int64),
-        "token_ids": torch.cat([c.token_ids.reshape(-1).cpu() for c in flat]).to(torch.int64),
-        "token_lengths": torch.tensor([c.token_ids.numel() for c in flat], dtype=torch.int64),
-        "text": [c.text for c in flat],
-        "finished": [bool(c.finished) for c in flat],
-        "temperature": [float(c.temperature) for c in flat],
-        "min_new_tokens": [int(c.min_new_tokens) for c in flat],
-    }
-
-
-def _completion_groups(actions: Any) -> list[list[Any]] | None:
-    """``actions`` when they are B >= 1 equal-sized groups of Completions with no loss mask."""
-    llm = sys.modules.get("grpo.llm.policy")
-    if llm is None or not isinstance(actions, list) or not actions:
-        return None
-    if not all(isinstance(g, list) and g and len(g) == len(actions[0]) for g in actions):
-        return None
-    ok = all(type(c) is llm.Completion and c.loss_mask is None for g in actions for c in g)
-    return actions if ok else None
+    for codec in _CODECS.values():
+        fields = codec.encode(generated.actions)
+        if fields is not None:
+            return {**head, "kind": codec.kind, "log_probs": log_probs, **fields}
+    return None
 
 
 def _log_probs_state(log_probs: Tensor | PolicyOutput | None) -> dict[str, Any] | None:
@@ -153,13 +155,16 @@ def _log_probs_state(log_probs: Tensor | PolicyOutput | None) -> dict[str, Any] 
 def restored_generation(state: Any, where: str) -> RestoredGeneration:
     """The generation ``state`` (`generation_state`'s format) describes, checked completely;
     `ValueError` naming ``where`` and the field otherwise."""
-    if not isinstance(state, Mapping) or state.get("kind") not in _KEYS:
-        kinds = sorted(_KEYS)
+    kinds = ["tensor", *_CODECS]
+    if not isinstance(state, Mapping) or state.get("kind") not in kinds:
         got = state.get("kind") if isinstance(state, Mapping) else type(state).__name__
-        raise ValueError(f"{where}: expected a mapping with 'kind' one of {kinds}, got {got!r}.")
+        raise ValueError(
+            f"{where}: expected a mapping with 'kind' one of {sorted(kinds)}, got {got!r} (the "
+            f"kind 'completions' is registered by importing grpo.llm)."
+        )
     kind = state["kind"]
-    if set(state) != _KEYS[kind]:
-        raise ValueError(f"{where}: expected the keys {sorted(_KEYS[kind])}, got {sorted(state)}.")
+    if set(state) != _keys(kind):
+        raise ValueError(f"{where}: expected the keys {sorted(_keys(kind))}, got {sorted(state)}.")
     version = state["version"]
     if type(version) is not int or not 0 <= version < 2**63:
         raise ValueError(f"{where}.version: must be an integer >= 0, got {version!r}.")
@@ -169,70 +174,18 @@ def restored_generation(state: Any, where: str) -> RestoredGeneration:
     if kind == "tensor":
         actions = state["actions"]
         if not isinstance(actions, Tensor) or actions.dim() < 2:
-            raise ValueError(f"{where}.actions: must be a Tensor (B, G, ...), got {_kind(actions)}.")
+            raise ValueError(f"{where}.actions: must be a Tensor (B, G, ...), got {describe_value(actions)}.")
         n = actions.shape[0] * actions.shape[1]
     else:
-        actions = _completions(state, where)
-        n = state["groups"] * state["group_size"]
+        actions, n = _CODECS[kind].decode(state, where)
     return RestoredGeneration(actions, _log_probs(state["log_probs"], n, where), version, digest)
 
 
-def _kind(v: Any) -> str:
+def describe_value(v: Any) -> str:
+    """A value as an error message names it: a Tensor's dtype and shape, else its type."""
     if isinstance(v, Tensor):
         return f"a {v.dtype} Tensor of shape {tuple(v.shape)}"
     return type(v).__name__
-
-
-def _completions(state: Mapping[str, Any], where: str) -> list[list[Any]]:
-    """B groups of G Completions from the flat ids, lengths and per-sample lists (checked)."""
-    from grpo.llm.policy import Completion
-
-    b, g = state["groups"], state["group_size"]
-    for name, v in (("groups", b), ("group_size", g)):
-        if type(v) is not int or not 1 <= v <= _MAX_ID:
-            raise ValueError(f"{where}.{name}: must be an integer >= 1, got {v!r}.")
-    n = b * g
-    prompts = _split_ids(state, "prompt", n, where)
-    tokens = _split_ids(state, "token", n, where)
-    for name, typ in _COMPLETION_LISTS.items():
-        values = state[name]
-        if not isinstance(values, list) or len(values) != n:
-            raise ValueError(f"{where}.{name}: must be a list of N = B*G = {n} values, got {_kind(values)}.")
-        bad = [v for v in values if type(v) is not typ]
-        if bad:
-            raise ValueError(f"{where}.{name}: every value must be a {typ.__name__}, got {bad[0]!r:.80}.")
-    if not all(math.isfinite(t) and t >= 0 for t in state["temperature"]):
-        raise ValueError(f"{where}.temperature: must be finite and >= 0.")
-    if not all(0 <= m < _MAX_ID for m in state["min_new_tokens"]):
-        raise ValueError(f"{where}.min_new_tokens: must be integers >= 0.")
-    flat = [
-        Completion(p, t, text, fin, temp, m)
-        for p, t, text, fin, temp, m in zip(
-            prompts, tokens, state["text"], state["finished"], state["temperature"],
-            state["min_new_tokens"], strict=True,
-        )
-    ]  # fmt: skip
-    return [flat[i * g : (i + 1) * g] for i in range(b)]
-
-
-def _split_ids(state: Mapping[str, Any], part: str, n: int, where: str) -> list[Tensor]:
-    """``{part}_ids`` split by ``{part}_lengths``: N int64 tensors of ids in [0, 2**31)."""
-    ids, lengths = state[f"{part}_ids"], state[f"{part}_lengths"]
-    if not isinstance(lengths, Tensor) or lengths.dtype != torch.int64 or tuple(lengths.shape) != (n,):
-        raise ValueError(
-            f"{where}.{part}_lengths: must be an int64 Tensor of shape ({n},), got {_kind(lengths)}."
-        )
-    if bool((lengths < 0).any()) or bool((lengths >= _MAX_ID).any()):
-        raise ValueError(f"{where}.{part}_lengths: must be >= 0.")
-    total = int(lengths.sum())
-    if not isinstance(ids, Tensor) or ids.dtype != torch.int64 or tuple(ids.shape) != (total,):
-        raise ValueError(
-            f"{where}.{part}_ids: must be an int64 Tensor of shape ({total},) (the sum of "
-            f"{part}_lengths), got {_kind(ids)}."
-        )
-    if bool((ids < 0).any()) or bool((ids >= _MAX_ID).any()):
-        raise ValueError(f"{where}.{part}_ids: token ids must lie in [0, 2**31).")
-    return [t.clone() for t in torch.split(ids, lengths.tolist())]
 
 
 def _log_probs(state: Any, n: int, where: str) -> Tensor | PolicyOutput | None:
@@ -247,7 +200,9 @@ def _log_probs(state: Any, n: int, where: str) -> Tensor | PolicyOutput | None:
     if type(wrapped) is not bool:
         raise ValueError(f"{where}.log_probs.wrapped: must be a bool, got {wrapped!r:.80}.")
     if not isinstance(lp, Tensor) or not lp.is_floating_point() or lp.dim() not in (1, 2) or lp.shape[0] != n:
-        raise ValueError(f"{where}.log_probs: must be a float Tensor (N={n},) or (N, T), got {_kind(lp)}.")
+        raise ValueError(
+            f"{where}.log_probs: must be a float Tensor (N={n},) or (N, T), got {describe_value(lp)}."
+        )
     if bool(torch.isnan(lp).any()) or bool(torch.isposinf(lp).any()):
         raise ValueError(f"{where}.log_probs: must hold no NaN and no +inf.")
     if mask is not None and (

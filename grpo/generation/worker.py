@@ -21,7 +21,8 @@ the previous sync (`WorkerEngine.sync` waits for that ack first). A generation s
 never reads the buffers, so the wait costs nothing when the worker is ahead (async rollouts: the
 ack of sync ``s`` arrives before the generation the trainer needs next).
 
-Lifetime: the worker removes ``for_policy``'s saved copy once it has built its policy, and exits
+Lifetime: the worker removes the saved copy it loads from (``cleanup_dir``; a causal LM's:
+`grpo.llm.engines.worker.causal_lm_worker`) once it has built its policy, and exits
 (removing the copy if it is still there) when the trainer dies, whatever killed it
 (`grpo.generation.worker_lifetime`); the trainer removes the copy and stops the worker at close.
 
@@ -35,7 +36,6 @@ resumed trainer) starts at job v, so a resumed run seeds each batch as the unint
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import pickle
@@ -48,7 +48,6 @@ import traceback
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -59,7 +58,6 @@ from grpo.generation.engine import Generated
 from grpo.generation.worker_lifetime import (
     abandon,
     exit_with_trainer,
-    owned_temp_dir,
     private_progress_lock,
     remove_owned_dir,
 )
@@ -68,35 +66,18 @@ from grpo.policy_base import PolicyModel, PolicyOutput, has_method, set_training
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
-    from grpo.llm.policy import CausalLMPolicy
-
 __all__ = [
-    "CARRIED_SETTINGS",
-    "NOT_CARRIED_SETTINGS",
+    "DeferredCall",
     "GenerationWorkerError",
     "SharedWeights",
     "WorkerEngine",
     "WorkerGeneration",
     "job_seed",
-    "load_causal_lm_policy",
     "sample_with_log_probs",
     "trainable_tensors",
 ]
 
 logger = logging.getLogger(__name__)
-
-# CausalLMPolicy.__init__ keywords that for_policy passes to the worker's copy (read from the
-# trainer's policy object), and the ones it does not, with why.
-CARRIED_SETTINGS: tuple[str, ...] = (
-    "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-    "use_chat_template", "system_prompt", "max_prompt_length", "logprob_chunk_size", "autocast",
-    "generation_batch_size", "min_new_tokens", "max_model_len", "compile_logprobs", "decoding",
-)  # fmt: skip
-NOT_CARRIED_SETTINGS: dict[str, str] = {
-    "gradient_checkpointing": "training only (the worker runs no backward)",
-    "use_separate_reference_adapter": "the worker samples with the actor adapter; the KL reference "
-    "stays the trainer's",
-}
 
 _POLL_SECONDS = 0.1  # how often a wait for a reply checks that the worker is alive
 _MASK64 = (1 << 64) - 1
@@ -162,56 +143,24 @@ def sample_with_log_probs(
     return actions, policy.get_log_probabilities(flat_states, flat_actions)
 
 
-_PACKED = "grpo.generation.worker/completions-v1"
+class DeferredCall:
+    """A picklable ``make_policy`` whose function and arguments are unpickled only when it is
+    called: ``DeferredCall(fn, *args, **kwargs)()`` is ``fn(*args, **kwargs)``.
 
-
-def pack_actions(actions: Any) -> Any:
-    """B groups of `grpo.llm.Completion` as plain lists (ids as ints), the rest as they are.
-
-    Pickling a completion pickles its two tensors (torch's reducer, ~60 us each: 10 ms a batch of
-    64 on this machine); lists of ints cost a few percent of that. `unpack_actions` inverts it.
+    Spawn unpickles a process's arguments before its target runs, so a plain
+    ``functools.partial(fn, ...)`` imports ``fn``'s module (for a language model: transformers)
+    before the worker watches for its trainer's death (`worker_lifetime.exit_with_trainer`); a
+    trainer killed meanwhile would leave the worker importing for seconds. Here those imports
+    run inside ``make_policy()``, after the watch is set up.
     """
-    llm = sys.modules.get("grpo.llm.policy")  # loaded wherever completions exist; else nothing to pack
-    if llm is None:
-        return actions
-    completion = llm.Completion
-    groups = actions if isinstance(actions, list) and all(isinstance(g, list) for g in actions) else None
-    if not groups or not all(type(c) is completion and c.loss_mask is None for g in groups for c in g):
-        return actions
-    return (
-        _PACKED,
-        [
-            [
-                (
-                    c.prompt_ids.tolist(),
-                    c.token_ids.tolist(),
-                    c.text,
-                    c.finished,
-                    c.temperature,
-                    c.min_new_tokens,
-                )
-                for c in g
-            ]
-            for g in groups
-        ],
-    )
 
+    def __init__(self, fn: Callable[..., PolicyModel], *args: Any, **kwargs: Any) -> None:
+        self.payload = pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
 
-def unpack_actions(packed: Any) -> Any:
-    """`pack_actions`'s completions back as `grpo.llm.Completion` s (int64 tensors on CPU)."""
-    if not (isinstance(packed, tuple) and len(packed) == 2 and packed[0] == _PACKED):
-        return packed
-    from grpo.llm.policy import Completion
-
-    return [
-        [
-            Completion(
-                torch.tensor(p, dtype=torch.long), torch.tensor(t, dtype=torch.long), text, finished, temp, m
-            )
-            for p, t, text, finished, temp, m in g
-        ]
-        for g in packed[1]
-    ]
+    def __call__(self) -> PolicyModel:
+        fn, args, kwargs = pickle.loads(self.payload)
+        policy: PolicyModel = fn(*args, **kwargs)
+        return policy
 
 
 def trainable_tensors(policy: PolicyModel) -> dict[str, Tensor]:
@@ -285,7 +234,7 @@ class _WorkerState:
             torch.manual_seed(seed)
         with torch.no_grad():
             actions, log_probs = sample_with_log_probs(self.policy, states, g, options, with_log_probs)
-        return pack_actions(actions), log_probs, self.version
+        return actions, log_probs, self.version
 
     def sync(self, version: int, buffers: dict[str, Tensor] | None) -> tuple[int, float]:
         """Copy the shared buffers into the policy's tensors (the first sync brings the buffers)."""
@@ -322,8 +271,6 @@ def _reply_or_abandon(conn: Connection, seq: int, status: str, payload: Any, lef
 
 def _error_payload(doing: str = "") -> tuple[str, str, str]:
     """(exception type, message, traceback text) of the exception being handled."""
-    import sys
-
     exc = sys.exc_info()[1]
     name = type(exc).__name__ if exc is not None else "Error"
     message = f"{doing}: {exc}" if doing else str(exc)
@@ -583,7 +530,7 @@ class WorkerGeneration:
         if self._done is None:
             actions, log_probs, version = self.engine.channel.wait(self.seq)
             self._finalizer.detach()
-            self._done = Generated(self.states, unpack_actions(actions), log_probs, int(version))
+            self._done = Generated(self.states, actions, log_probs, int(version))
         return self._done
 
 
@@ -592,8 +539,8 @@ class WorkerEngine:
 
     Args:
         make_policy: builds the worker's policy, called in the worker; must be picklable (a
-            module-level function or a ``functools.partial`` of one). `for_policy` makes one for a
-            `grpo.llm.CausalLMPolicy`.
+            module-level function or a ``functools.partial`` of one).
+            `grpo.llm.engines.worker.causal_lm_worker` makes one for a `grpo.llm.CausalLMPolicy`.
         seed: seeds generation job j with `job_seed` ``(seed, j)``; None = a random stream.
         name: the process's name (in errors and ``ps``).
         num_threads: torch CPU threads in the worker (1: the trainer runs beside it).
@@ -646,44 +593,6 @@ class WorkerEngine:
         self.last_sync_wait_seconds = 0.0
         self.last_sync_bytes = 0
         logger.info("started generation worker %r (pid %s)", name, process.pid)
-
-    @classmethod
-    def for_policy(
-        cls,
-        policy: PolicyModel,
-        *,
-        seed: int | None = None,
-        name: str = "grpo-generation-worker",
-        num_threads: int = 1,
-        device: str | None = None,
-    ) -> WorkerEngine:
-        """A worker for a `grpo.llm.CausalLMPolicy`: its model (with LoRA: the base model and the
-        active adapter) and tokenizer are saved to a temporary directory, from which the worker
-        builds a ``CausalLMPolicy`` with the same `CARRIED_SETTINGS` (read from ``policy`` now) on
-        ``device`` (None = the policy's). TypeError for any other policy: pass ``make_policy``."""
-        from grpo.llm.policy import CausalLMPolicy
-
-        if type(policy) is not CausalLMPolicy:
-            raise TypeError(
-                f"WorkerEngine.for_policy copies a grpo.llm.CausalLMPolicy (saved with "
-                f"save_pretrained); got {type(policy).__name__}. Build the engine yourself with "
-                f"WorkerEngine(make_policy, seed=...), make_policy a picklable function that builds "
-                f"the same policy in the worker, and pass it as GRPOTrainer(..., engine=engine)."
-            )
-        directory = owned_temp_dir("grpo-worker-")  # removes copies whose trainer was killed
-        try:
-            make = functools.partial(
-                load_causal_lm_policy,
-                directory,
-                {k: getattr(policy, k) for k in CARRIED_SETTINGS},
-                adapter=save_causal_lm(policy, directory),
-                dtype=next(iter(policy.model.parameters())).dtype,
-                device=str(policy.device) if device is None else device,
-            )
-        except BaseException:
-            remove_owned_dir(directory)
-            raise
-        return cls(make, seed=seed, name=name, num_threads=num_threads, cleanup_dir=directory)
 
     # ---- GenerationEngine ------------------------------------------------------------------
     @property
@@ -766,52 +675,3 @@ class WorkerEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-# ---- for_policy: a CausalLMPolicy saved and rebuilt -----------------------------------------------
-def save_causal_lm(policy: CausalLMPolicy, directory: str) -> str | None:
-    """Save ``policy``'s model and tokenizer to ``directory/base`` (a PEFT model: its base model
-    there, the active adapter to ``directory/adapter``). Returns the adapter's name, or None.
-    The base of a PEFT model is its weights without the adapters
-    (`grpo.llm.lora.base_model_state_dict`: no copy of the model)."""
-    from grpo.llm.lora import base_model_state_dict
-
-    base_dir = os.path.join(directory, "base")
-    model = policy.model
-    if not policy.is_peft:
-        policy.save_pretrained(base_dir)
-        return None
-    adapter = model.active_adapter
-    if not isinstance(adapter, str):
-        raise TypeError(
-            f"the PEFT model has several active adapters {adapter!r}; the worker rebuilds one. "
-            f"Pass WorkerEngine(make_policy) that builds the worker's model instead."
-        )
-    model.get_base_model().save_pretrained(
-        base_dir, state_dict=base_model_state_dict(model), safe_serialization=True
-    )
-    policy.tokenizer.save_pretrained(base_dir)
-    model.save_pretrained(os.path.join(directory, "adapter"), selected_adapters=[adapter])
-    return str(adapter)
-
-
-def load_causal_lm_policy(
-    directory: str, settings: Mapping[str, Any], *, adapter: str | None, dtype: torch.dtype, device: str
-) -> CausalLMPolicy:
-    """The worker's `CausalLMPolicy`, from what `save_causal_lm` wrote to ``directory``: the base
-    model in ``dtype`` (with ``adapter``: PEFT's adapter on it, trainable so that
-    ``get_parameters`` names the trainer's tensors), on ``device``, with ``settings``."""
-    from grpo.llm._deps import require
-    from grpo.llm.policy import CausalLMPolicy
-
-    transformers = require("transformers")
-    base_dir = Path(directory) / "base"
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=dtype)
-    if adapter is not None:
-        peft = require("peft")
-        where = Path(directory) / "adapter"
-        where = where if adapter == "default" else where / adapter
-        model = peft.PeftModel.from_pretrained(model, str(where), adapter_name=adapter, is_trainable=True)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(base_dir))
-    model.to(device)
-    return CausalLMPolicy(model, tokenizer, **settings)

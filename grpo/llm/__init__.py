@@ -6,10 +6,10 @@ checkout: transformers, peft, accelerate, safetensors, datasets, pyyaml, tqdm). 
 never imports this package.
 
     from grpo import GRPOConfig, GRPOTrainer
-    from grpo.llm import (CausalLMPolicy, PromptDataset, RewardFunctions, exact_match_reward,
-                          format_reward, save_llm_checkpoint)
+    from grpo.llm import (CausalLMPolicy, PromptDataset, RewardFunctions, SamplingSettings,
+                          exact_match_reward, format_reward, save_llm_checkpoint)
 
-    policy = CausalLMPolicy(model, tokenizer, max_new_tokens=256, temperature=0.7)
+    policy = CausalLMPolicy(model, tokenizer, SamplingSettings(max_new_tokens=256, temperature=0.7))
     reward = RewardFunctions({"correct": exact_match_reward(), "format": format_reward()})
     trainer = GRPOTrainer(GRPOConfig(group_size=8, kl_coeff=0.04), policy, reward)
     for batch in PromptDataset.load("train.jsonl").batches(8):  # also parquet, csv, a Dataset
@@ -40,7 +40,10 @@ except ImportError as _e:  # pragma: no cover - exercised in a subprocess test
         f"Install the LLM extra: {_install_hint('llm')}"
     ) from _e
 
+from grpo.generation.pending_state import register_action_codec as _register_action_codec
+from grpo.llm import liger as _liger  # noqa: F401  (registers Liger's loss: use_liger_loss)
 from grpo.llm.checkpoint import LoadedCheckpoint, load_llm_checkpoint, save_llm_checkpoint
+from grpo.llm.completion_state import COMPLETIONS as _COMPLETIONS
 from grpo.llm.data import PromptBatches, PromptDataset, ShuffledRecords, prompt_text
 from grpo.llm.logprobs import chunked_token_logprobs, naive_token_logprobs
 from grpo.llm.lora import SeparateAdapterReference
@@ -58,6 +61,7 @@ from grpo.llm.rewards import (
     reward_signature,
     tag_content,
 )
+from grpo.llm.sampling_settings import SamplingSettings
 
 __all__ = [
     "CausalLMPolicy",
@@ -72,6 +76,7 @@ __all__ = [
     "PromptDataset",
     "RewardFunctions",
     "RewardSignature",
+    "SamplingSettings",
     "SeparateAdapterReference",
     "ShuffledRecords",
     "after_marker",
@@ -88,3 +93,5 @@ __all__ = [
     "save_llm_checkpoint",
     "tag_content",
 ]
+
+_register_action_codec(_COMPLETIONS)  # checkpoints hold the completions drawn ahead (async rollouts)

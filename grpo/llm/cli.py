@@ -1066,28 +1066,23 @@ def _load_model(args: argparse.Namespace, transformers: Any) -> tuple[Any, Any]:
 
 
 def _build_policy(args: argparse.Namespace, model: Any, tokenizer: Any) -> CausalLMPolicy:
-    """The `CausalLMPolicy` with the generation and log-prob options of ``args``."""
+    """The `CausalLMPolicy` with the generation and log-prob options of ``args``: the sampling
+    flags become one `SamplingSettings` (named after its fields, so the flags are read by name)."""
+    from grpo.llm.sampling_settings import SamplingSettings
+
     chat = {"auto": None, "yes": True, "no": False}[args.use_chat_template]
+    sampling = SamplingSettings(**{name: getattr(args, name) for name in SamplingSettings.names()})
     return CausalLMPolicy(
         model,
         tokenizer,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty,
+        sampling,
         use_chat_template=chat,
         system_prompt=args.system_prompt,
         max_prompt_length=args.max_prompt_length,
         logprob_chunk_size=args.logprob_chunk_size or None,
         gradient_checkpointing=args.gradient_checkpointing,
         autocast=args.autocast,
-        generation_batch_size=args.generation_batch_size,
-        min_new_tokens=args.min_new_tokens,
-        max_model_len=args.max_model_len,
         use_separate_reference_adapter=args.use_separate_reference_adapter,
-        decoding=args.decoding,
     )
 
 

@@ -18,9 +18,16 @@ small model on the CPU a step of ``generate`` is mostly its own bookkeeping (pre
 the logits-processor list inspecting each processor's signature, the stopping criteria):
 benchmarks/llm_throughput.py measures the difference.
 
-`CausalLMPolicy(decoding="auto")` (the default) samples with this loop where it applies (no
-top-k / top-p / min-p / repetition penalty, weights not partitioned over processes) and with
-``generate`` otherwise; ``decoding="generate"`` always uses ``generate``.
+This loop is the fast **twin** of Hugging Face ``generate`` (the readable, general route: every
+logits processor, synced processes): `SamplingSettings(decoding="auto")` (the default) samples
+with it where it applies (no top-k / top-p / min-p / repetition penalty, weights not partitioned
+over processes) and with ``generate`` otherwise; ``decoding="generate"`` always uses
+``generate``. It is tested equal to ``generate`` (the same tokens from the same seed, bitwise:
+tests/test_llm_decode.py) and stays for the workload where sampling is a step's critical path: a
+generation worker one step ahead (``generation_engine="worker", async_staleness=1``, tiny Llama,
+8 x 8 completions of 32 tokens: 0.047 s a step against 0.053 s with ``generate``, 11 % of a
+whole step, benchmarks/RESULTS.md). In process, where a step is generation plus the update on
+the same cores, it buys no measurable share (benchmarks/sampling_route.py; docs/llm.md).
 """
 
 from __future__ import annotations

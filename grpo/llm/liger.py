@@ -18,12 +18,15 @@ grpo's default path (`grpo.llm.logprobs.chunked_token_logprobs` then
 and not for: an entropy term (entropy_coeff > 0), the dual clip, "sapo"/"reinforce" and user loss
 or KL functions, the sampler correction (sampler_is_cap), "seq-mean-token-sum", KL folded into the
 reward or the advantages with a KL estimator other than k3. `liger_config_problems` lists what a
-config asks for beyond that; `LigerGRPOLoss(config)` raises on it. One difference that
-is not a setting: Liger does not clamp the log-ratio (grpo clamps it to +-log_ratio_clamp, 20 by
+config asks for beyond that; `LigerGRPOLoss(config)` raises on it. One difference that is not a
+setting: Liger does not clamp the log-ratio (grpo clamps it to +-log_ratio_clamp, 20 by
 default), so the two agree while |logp - logp_old| < log_ratio_clamp.
 
-In the trainer: ``GRPOConfig(use_liger_loss=True)`` (checked with `liger_config_problems` when the
-config is built) makes `GRPOTrainer` compute each micro-batch's loss with `LigerGRPOLoss` on
+The core imports nothing of this module: it registers `liger_config_problems` and
+`build_liger_loss` as the loss plugin ``"liger"`` (`grpo.algorithms.loss_plugins`) when imported
+(``import grpo.llm`` imports it). In the trainer: ``GRPOConfig(use_liger_loss=True)`` (checked
+with `liger_config_problems` when the config is built, or else when the trainer builds the loss)
+makes `GRPOTrainer` compute each micro-batch's loss with `LigerGRPOLoss` on
 `grpo.llm.CausalLMPolicy.lm_head_inputs` (the backbone's last hidden states and the LM head)
 instead of log-probs + `GRPOObjective` (`grpo.update.loop.FusedLoss`, one branch in the update).
 Metrics: Liger gives the loss, the clipped share (low and high together: ``clip/frac``) and the
@@ -54,21 +57,62 @@ import torch
 from torch import Tensor
 
 from grpo.algorithms.aggregation import aggregation_normaliser
-from grpo.config import LIGER_LOSS_TYPES, GRPOConfig, liger_config_problems
+from grpo.algorithms.loss_plugins import LossPlugin, register_loss_plugin
 from grpo.grpo_objective import ObjectiveOutput
 from grpo.llm.logprobs import chunked_token_logprobs
 
 if TYPE_CHECKING:
+    from grpo.config import GRPOConfig
     from grpo.llm.policy import LMHeadInputs
 
 __all__ = [
     "LIGER_LOSS_TYPES",
     "OMITTED_METRICS",
     "LigerGRPOLoss",
+    "build_liger_loss",
     "compile_liger_loss",
     "liger_config_problems",
     "require_liger",
 ]
+
+# grpo's loss_aggregation -> Liger's loss_type
+LIGER_LOSS_TYPES: dict[str, str] = {
+    "token-mean": "bnpo",
+    "seq-mean-token-mean": "grpo",
+    "seq-mean-token-sum-norm": "dr_grpo",
+}
+_LOSSES = ("clip", "gspo", "cispo")
+
+
+def liger_config_problems(config: GRPOConfig) -> list[str]:
+    """What ``config`` asks for that Liger's fused GRPO loss does not compute (empty: none), each
+    as "setting: why / what to set". `GRPOConfig` validation calls it through the loss registry
+    (`grpo.algorithms.loss_plugins`, name ``"liger"``) once this module is imported."""
+    c = config
+    out: list[str] = []
+    if c.policy_loss not in _LOSSES:
+        out.append(f"policy_loss={c.policy_loss!r}: Liger covers {_LOSSES}")
+    if c.policy_loss == "cispo" and c.clip_epsilon != 1.0:
+        out.append(f"clip_epsilon={c.clip_epsilon!r} with 'cispo': Liger's CISPO has no lower bound; set 1.0")
+    if c.loss_aggregation not in LIGER_LOSS_TYPES:
+        out.append(f"loss_aggregation={c.loss_aggregation!r}: Liger covers {tuple(LIGER_LOSS_TYPES)}")
+    if c.policy_loss == "cispo" and c.loss_aggregation != "token-mean":
+        out.append("'cispo' in Liger normalises per token (DAPO); set loss_aggregation='token-mean'")
+    if c.entropy_coeff != 0.0:
+        out.append(f"entropy_coeff={c.entropy_coeff!r}: Liger's loss has no entropy term; set 0")
+    if c.dual_clip:
+        out.append("dual_clip=True: Liger has no dual clip; set False")
+    if c.kl_coeff != 0.0 and c.kl_penalty != "reward" and (c.kl_estimator != "k3" or c.kl_penalty != "loss"):
+        out.append(
+            f"kl_estimator={c.kl_estimator!r}, kl_penalty={c.kl_penalty!r}: Liger's KL term is k3 in "
+            "the loss; set kl_estimator='k3', kl_penalty='loss' (or kl_coeff=0)"
+        )
+    if c.sampler_is_cap is not None:
+        out.append("sampler_is_cap: Liger's loss takes no importance weights; set None")
+    if c.adaptive_lr_kl is not None:
+        out.append("adaptive_lr_kl: needs kl/old, which Liger's loss does not report; set None")
+    return out
+
 
 COMPILED_FROM = (2, 13)
 """The first torch release whose dynamo compiled Liger's loss through a whole trainer step here
@@ -227,3 +271,14 @@ class LigerGRPOLoss:
             bias = None if inputs.bias is None else inputs.bias.detach()
             lp, _ = chunked_token_logprobs(h, w, inputs.targets, bias=bias, temperature=inputs.temperature)
         return torch.where(inputs.mask, lp, torch.zeros((), device=lp.device))
+
+
+def build_liger_loss(config: GRPOConfig, device: torch.device) -> LigerGRPOLoss:
+    """The update's loss for ``GRPOConfig(use_liger_loss=True)`` on ``device`` (compiled as
+    `compile_liger_loss` says); ValueError naming `liger_config_problems`, ImportError without
+    liger-kernel."""
+    return LigerGRPOLoss(config, compiled=compile_liger_loss(device))
+
+
+# the trainer finds Liger's loss by name (grpo.algorithms.loss_plugins): the core imports no LLM code
+register_loss_plugin("liger", LossPlugin(liger_config_problems, build_liger_loss))

@@ -54,7 +54,8 @@ from torch import Tensor, nn
 
 from grpo.algorithms.advantages import discounted_returns
 from grpo.envs.protocol import Message, TextEnvironment, Transition
-from grpo.llm.policy import CausalLMPolicy, Completion, SamplingOptions
+from grpo.llm.policy import CausalLMPolicy, Completion
+from grpo.llm.sampling_settings import SamplingSettings
 from grpo.policy_base import EntropyRequest, PolicyOutput, has_method
 from grpo.reward_model_base import StatelessReward
 
@@ -355,7 +356,7 @@ class MultiTurnPolicy:
                 + ("use_chat_template=False" if policy.use_chat_template is False else "it has none")
                 + "; set tokenizer.chat_template (and leave use_chat_template at None or True)."
             )
-        _check_no_min_new_tokens(policy.min_new_tokens)
+        _check_no_min_new_tokens(policy.sampling.min_new_tokens)
         self.policy = policy
         self.make_env = make_env
         self.max_turns = max_turns
@@ -394,9 +395,9 @@ class MultiTurnPolicy:
     ) -> list[list[Conversation]]:
         """Play G episodes from each of the B start states: B lists of G `Conversation` s.
 
-        Keyword overrides are the causal LM's sampling options (`GENERATE_OPTIONS`); each turn
+        Keyword overrides are the causal LM's sampling settings (`SamplingSettings` fields); each turn
         gets at most ``max_new_tokens`` tokens."""
-        opts = self.policy.sampling_options(kwargs)
+        opts = self.policy.sampling.replace(**kwargs)
         _check_no_min_new_tokens(opts.min_new_tokens)
         g = int(num_actions_per_state)
         starts = [s for s in states for _ in range(g)]  # group-major: episode k is state k // g
@@ -427,19 +428,21 @@ class MultiTurnPolicy:
         if system is not None and (not msgs or msgs[0].get("role") != "system"):
             msgs = [{"role": "system", "content": system}, *msgs]
         ids = torch.tensor(self.policy.encode_prompt(messages), dtype=torch.long)
-        self.policy.completion_budgets([int(ids.shape[0])], 1)  # ValueError: no room left
+        self.policy.sampling.replace(max_new_tokens=1).completion_budgets(
+            [int(ids.shape[0])]
+        )  # no room: ValueError
         return _Episode(ids, msgs)
 
     def _room(self, ep: _Episode) -> int:
         """Tokens the episode may still grow by: ``max_total_tokens`` after the prompt, and the
         policy's ``max_model_len`` for the whole context."""
         room = self.max_total_tokens - len(ep.tokens)
-        limit = self.policy.max_model_len
+        limit = self.policy.sampling.max_model_len
         if limit is not None:
             room = min(room, limit - int(ep.prompt_ids.shape[0]) - len(ep.tokens))
         return room
 
-    def _budget(self, ep: _Episode, opts: SamplingOptions) -> int:
+    def _budget(self, ep: _Episode, opts: SamplingSettings) -> int:
         """Tokens the next turn may have: ``min(max_new_tokens, room)`` (>= 1 for a running episode)."""
         return min(opts.max_new_tokens, self._room(ep))
 
@@ -449,7 +452,7 @@ class MultiTurnPolicy:
         episodes: list[_Episode],
         active: list[int],
         turn: int,
-        opts: SamplingOptions,
+        opts: SamplingSettings,
         timing: dict[str, float],
     ) -> None:
         """Turn ``turn`` of the running episodes: one batched generation, one env step, the

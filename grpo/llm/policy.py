@@ -40,15 +40,14 @@ from grpo.llm.generation_defaults import log_unapplied_checkpoint_settings, mode
 from grpo.llm.logprobs import checked_compile_option, chunked_token_logprobs
 from grpo.llm.lora import REFERENCE_ADAPTER, SeparateAdapterReference, add_reference_adapter
 from grpo.llm.sampler_logprobs import ChosenTokenLogProbs
+from grpo.llm.sampling_settings import SamplingSettings
 from grpo.policy_base import EntropyRequest, PolicyOutput, entropy_grad_mode
 
 __all__ = [
-    "GENERATE_OPTIONS",
     "CausalLMPolicy",
     "Completion",
     "DisabledAdapterReference",
     "LMHeadInputs",
-    "SamplingOptions",
 ]
 
 
@@ -91,6 +90,37 @@ class Completion:
     def __str__(self) -> str:
         return self.text
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickle the ids as lists of ints (a worker's reply, a process boundary): torch's reducer
+        costs ~60 us a tensor (10 ms a batch of 64 on a small CPU), lists a few percent of it."""
+        mask = None if self.loss_mask is None else self.loss_mask.tolist()
+        ids = (self.prompt_ids.tolist(), self.token_ids.tolist())
+        return _completion_from_lists, (
+            *ids,
+            self.text,
+            self.finished,
+            self.temperature,
+            self.min_new_tokens,
+            mask,
+        )
+
+
+def _completion_from_lists(
+    prompt_ids: list[int],
+    token_ids: list[int],
+    text: str,
+    finished: bool,
+    temperature: float,
+    min_new_tokens: int,
+    loss_mask: list[bool] | None,
+) -> Completion:
+    """`Completion.__reduce__`'s inverse: int64 (and bool) tensors on CPU."""
+    mask = None if loss_mask is None else torch.tensor(loss_mask, dtype=torch.bool)
+    return Completion(
+        torch.tensor(prompt_ids, dtype=torch.long), torch.tensor(token_ids, dtype=torch.long), text,
+        finished, temperature, min_new_tokens, mask,
+    )  # fmt: skip
+
 
 def _is_peft(model: Any) -> bool:
     return callable(getattr(model, "disable_adapter", None)) and callable(
@@ -98,72 +128,14 @@ def _is_peft(model: Any) -> bool:
     )
 
 
-class SamplingOptions(NamedTuple):
-    """The sampling settings of one `CausalLMPolicy.generate_actions` call (the constructor's,
-    with that call's keyword overrides)."""
-
-    max_new_tokens: int
-    min_new_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-    min_p: float
-    repetition_penalty: float
-
-
-# the keyword overrides generate_actions accepts: every field of SamplingOptions
-GENERATE_OPTIONS: tuple[str, ...] = SamplingOptions._fields
-
-
-def _check_sampling_options(
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    top_k: int,
-    min_p: float,
-    repetition_penalty: float,
-    min_new_tokens: int = 0,
-) -> None:
-    """The sampling arguments of `CausalLMPolicy`: ValueError naming the first one out of range."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1.")
-    if isinstance(min_new_tokens, bool) or not isinstance(min_new_tokens, int) or min_new_tokens < 0:
-        raise ValueError(
-            f"min_new_tokens={min_new_tokens!r} must be an integer >= 0 (0 = EOS allowed from the "
-            "first token)."
-        )
-    if not temperature > 0:
-        raise ValueError(
-            f"temperature={temperature!r} must be > 0: GRPO needs sampled completions and "
-            "their log-probs (greedy decoding has no density). Use e.g. 0.7 or 1.0."
-        )
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p={top_p!r} must be in (0, 1]; 1 switches nucleus sampling off.")
-    if top_k < 0:
-        raise ValueError(f"top_k={top_k!r} must be >= 0; 0 switches top-k off.")
-    if not 0 <= min_p < 1:
-        raise ValueError(f"min_p={min_p!r} must be in [0, 1); 0 switches it off.")
-    if not repetition_penalty > 0:
-        raise ValueError(f"repetition_penalty={repetition_penalty!r} must be > 0 (1 = off).")
-
-
-def _check_policy_options(
-    generation_batch_size: int | None,
-    max_model_len: int | None,
-    logprob_chunk_size: int | None,
-    decoding: str,
-) -> None:
-    """ValueError naming a `CausalLMPolicy` option out of range (sampling: `_check_sampling_options`)."""
-    for name, value in (
-        ("generation_batch_size", generation_batch_size),
-        ("max_model_len", max_model_len),
-    ):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"{name}={value!r} must be an integer >= 1 or None.")
-    if decoding not in ("auto", "generate"):
-        raise ValueError(
-            f"decoding={decoding!r}: choose 'auto' (the KV-cache loop where it applies, else "
-            f"generate) or 'generate' (always Hugging Face generate)."
+def _check_policy_options(sampling: Any, logprob_chunk_size: int | None) -> None:
+    """TypeError / ValueError naming a `CausalLMPolicy` argument of the wrong type or out of range
+    (the sampling settings check themselves: `SamplingSettings`)."""
+    if not isinstance(sampling, SamplingSettings):
+        raise TypeError(
+            f"CausalLMPolicy(sampling=...) takes a grpo.llm.SamplingSettings, got "
+            f"{type(sampling).__name__}; e.g. CausalLMPolicy(model, tokenizer, "
+            f"SamplingSettings(max_new_tokens=256, temperature=0.7))."
         )
     if logprob_chunk_size is not None and logprob_chunk_size < 1:
         raise ValueError(f"logprob_chunk_size={logprob_chunk_size!r} must be >= 1 or None.")
@@ -311,9 +283,10 @@ class CausalLMPolicy:
     Args:
         model: an ``AutoModelForCausalLM`` model, or a PEFT model wrapping one (LoRA).
         tokenizer: its tokenizer. If it has no pad token, the EOS token is used for padding.
-        max_new_tokens: completion length limit (tokens).
-        temperature, top_p, top_k, min_p, repetition_penalty: sampling knobs (``top_k=0``,
-            ``top_p=1``, ``min_p=0``, ``repetition_penalty=1`` switch them off).
+        sampling: the `SamplingSettings` (temperature, top-p / top-k / min-p, repetition penalty,
+            token limits, context window, batch and decoding route); None = the defaults
+            (``SamplingSettings()``: temperature 1, nothing truncated, 256 new tokens). A call may
+            override any of them (``generate_actions(..., temperature=t)``).
         use_chat_template: None = render chat prompts (message lists) with the tokenizer's chat
             template and feed strings as they are; True = also wrap string prompts as one user
             message; False = never (chat prompts are then an error).
@@ -323,17 +296,6 @@ class CausalLMPolicy:
             (chunk, V) float32 block at a time); None = the model's own full-logits forward.
         gradient_checkpointing: recompute transformer blocks in the backward to save memory.
         autocast: run forward passes under bf16 autocast when on CUDA.
-        generation_batch_size: sequences per ``generate`` call (memory); None = all at once.
-            The seed's ``hf_generate_chunk_size`` (prompts per call) is this divided by G.
-            Chunking keeps the sampling distribution; the samples themselves differ from one
-            call's for the same seed (the random stream is consumed in another order).
-        min_new_tokens: EOS is forbidden at the first ``min_new_tokens`` positions of every
-            completion (Hugging Face's ``MinNewTokensLengthLogitsProcessor``); log-probs are
-            computed with the same ban, so they are the density the tokens were drawn from.
-        max_model_len: context window: prompt + completion tokens <= max_model_len. A
-            completion's budget is ``min(max_new_tokens, max_model_len - prompt length)``; a
-            prompt that leaves no room raises ValueError (set ``max_prompt_length`` to cut
-            prompts from the left instead). None = no limit besides ``max_new_tokens``.
         use_separate_reference_adapter: LoRA only: keep a second, frozen adapter named
             ``"reference"`` (a copy of the actor adapter at construction) as the KL reference,
             refreshed by ``GRPOConfig.reference_update_freq`` (`grpo.llm.lora`). Default False:
@@ -342,70 +304,71 @@ class CausalLMPolicy:
             (`grpo.llm.logprobs.compiled_chunk_kernels`; same values up to float rounding; the
             first scoring call compiles). Needs ``logprob_chunk_size``. Off by default: measured
             in benchmarks/llm_memory.py (docs/llm.md, Fused kernels).
-        decoding: ``"auto"`` (default): sample with a plain KV-cache loop
-            (`grpo.llm.decode`; bitwise the tokens ``generate`` draws, without its per-token
-            overhead) when only the temperature and ``min_new_tokens`` shape the distribution
-            and the weights are not partitioned, else with Hugging Face ``generate``;
-            ``"generate"``: always ``generate`` (a model whose own ``generate`` does more than
-            a KV-cache decode needs it).
     """
 
     def __init__(
         self,
         model: Any,
         tokenizer: Any,
+        sampling: SamplingSettings | None = None,
         *,
-        max_new_tokens: int = 256,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        min_p: float = 0.0,
-        repetition_penalty: float = 1.0,
         use_chat_template: bool | None = None,
         system_prompt: str | None = None,
         max_prompt_length: int | None = None,
         logprob_chunk_size: int | None = 512,
         gradient_checkpointing: bool = False,
         autocast: bool = True,
-        generation_batch_size: int | None = None,
-        min_new_tokens: int = 0,
-        max_model_len: int | None = None,
         use_separate_reference_adapter: bool = False,
         compile_logprobs: bool = False,
-        decoding: str = "auto",
     ) -> None:
-        _check_sampling_options(
-            max_new_tokens, temperature, top_p, top_k, min_p, repetition_penalty, min_new_tokens
-        )
-        _check_policy_options(generation_batch_size, max_model_len, logprob_chunk_size, decoding)
+        sampling = SamplingSettings() if sampling is None else sampling
+        _check_policy_options(sampling, logprob_chunk_size)
         self.model = model
         self.tokenizer = tokenizer
-        self.max_new_tokens = max_new_tokens
-        self.temperature = float(temperature)
-        self.top_p = float(top_p)
-        self.top_k = int(top_k)
-        self.min_p = float(min_p)
-        self.repetition_penalty = float(repetition_penalty)
+        self.sampling = sampling
         self.use_chat_template = use_chat_template
         self.system_prompt = system_prompt
         self.max_prompt_length = max_prompt_length
         self.logprob_chunk_size = logprob_chunk_size
         self.compile_logprobs = checked_compile_option(compile_logprobs, logprob_chunk_size)
         self.autocast = autocast
-        self.generation_batch_size = generation_batch_size
-        self.min_new_tokens = min_new_tokens
-        self.max_model_len = max_model_len
-        self.decoding = decoding
         self.is_peft = _is_peft(model)
         self.eos_token_ids: list[int] = _eos_token_ids(tokenizer, model)
         pad = tokenizer.pad_token_id
         self.pad_token_id: int = int(pad) if pad is not None else self.eos_token_ids[0]
-        own = {k: getattr(self, k) for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")}
+        own = {
+            k: getattr(sampling, k) for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+        }
         log_unapplied_checkpoint_settings(self._causal_lm(), own)
         self.reference_adapter: str | None = self._reference_adapter(use_separate_reference_adapter)
         if gradient_checkpointing:
             self.enable_gradient_checkpointing()
         self.last_generation: dict[str, float] = {}
+
+    @property
+    def temperature(self) -> float:
+        """``sampling.temperature``, settable: the knob a population mutates on any policy that
+        has one (`grpo.population.settings`); setting it replaces ``sampling`` (checked)."""
+        return self.sampling.temperature
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        self.sampling = self.sampling.replace(temperature=float(value))
+
+    def generation_engine(self, name: str, *, seed: int | None) -> Any:
+        """The `grpo.generation.GenerationEngine` named ``name`` (``GRPOConfig.generation_engine``)
+        sampling for this policy elsewhere: ``"worker"`` = a copy in its own process
+        (`grpo.llm.engines.worker.causal_lm_worker`), ``"vllm"`` = vLLM in this process
+        (`grpo.llm.engines.vllm_engine.VLLMEngine`). ValueError for another name."""
+        if name == "worker":
+            from grpo.llm.engines.worker import causal_lm_worker
+
+            return causal_lm_worker(self, seed=seed)
+        if name == "vllm":
+            from grpo.llm.engines.vllm_engine import VLLMEngine
+
+            return VLLMEngine.for_policy(self, seed=seed)
+        raise ValueError(f"CausalLMPolicy has no generation engine {name!r}; choose 'worker' or 'vllm'.")
 
     # ---- PolicyModel -------------------------------------------------------------------------
     def get_parameters(self) -> dict[str, Tensor]:
@@ -523,25 +486,25 @@ class CausalLMPolicy:
     ) -> list[list[Completion]]:
         """Sample G completions per prompt: B lists of G `Completion` s.
 
-        Keyword overrides for one call (`GENERATE_OPTIONS`): ``temperature``, ``max_new_tokens``,
-        ``min_new_tokens``, ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``. Each
-        completion records its temperature and ``min_new_tokens`` and is scored at them, so an
-        evaluation at another temperature (``temperature=t``) keeps log-probs and sampling in
-        agreement. With ``max_model_len`` each completion stops at ``min(max_new_tokens,
-        max_model_len - its prompt length)`` tokens (`completion_budgets`).
+        Keyword overrides for one call: any `SamplingSettings` field (``temperature``,
+        ``max_new_tokens``, ...; `SamplingSettings.replace`, checked). Each completion records
+        its temperature and ``min_new_tokens`` and is scored at them, so an evaluation at another
+        temperature (``temperature=t``) keeps log-probs and sampling in agreement. With
+        ``max_model_len`` each completion stops at ``min(max_new_tokens, max_model_len - its
+        prompt length)`` tokens (`SamplingSettings.completion_budgets`).
         """
-        return self._generate_groups(states, int(num_actions_per_state), self.sampling_options(kwargs))
+        return self._generate_groups(states, int(num_actions_per_state), self.sampling.replace(**kwargs))
 
     def _generate_groups(
         self,
         states: Sequence[Any],
         g: int,
-        opts: SamplingOptions,
+        opts: SamplingSettings,
         sampler_log_probs: list[Tensor] | None = None,
     ) -> list[list[Completion]]:
         """`generate_actions` with checked ``opts``; ``sampler_log_probs``: see `generate_from_ids`."""
         prompts = [torch.tensor(self.encode_prompt(s), dtype=torch.long) for s in states]
-        budgets = self.completion_budgets([int(p.shape[0]) for p in prompts], opts.max_new_tokens)
+        budgets = opts.completion_budgets([int(p.shape[0]) for p in prompts])
         rows = [p for p in prompts for _ in range(g)]  # group-major: row k is prompt k // g
         row_budgets = [b for b in budgets for _ in range(g)]
         out = self.generate_from_ids(rows, row_budgets, opts, sampler_log_probs=sampler_log_probs)
@@ -551,21 +514,21 @@ class CausalLMPolicy:
         self,
         contexts: Sequence[Tensor],
         budgets: Sequence[int],
-        options: SamplingOptions | None = None,
+        options: SamplingSettings | None = None,
         *,
         sampler_log_probs: list[Tensor] | None = None,
     ) -> list[Completion]:
         """One sampled `Completion` per context: ``contexts[i]`` (P_i,) int64 token ids on CPU (no
         padding; they become the completion's ``prompt_ids``), at most ``budgets[i]`` (>= 1) new
         tokens, cut after the first EOS id. All rows go through ``generate`` together (in
-        ``generation_batch_size`` chunks), with the sampling ``options`` (None = the
-        constructor's; `sampling_options` builds them from keyword overrides). `generate_actions`
+        ``options.generation_batch_size`` chunks), with the sampling ``options`` (None = the
+        policy's ``sampling``). `generate_actions`
         is this on the encoded prompts; a multi-turn rollout (`grpo.llm.multiturn`) calls it once
         per turn on the active episodes' contexts. ``sampler_log_probs``: a list that receives,
         per ``generate`` chunk, the (n, T') log-probs of the sampled tokens under the scores they
         were drawn from (`grpo.llm.sampler_logprobs.ChosenTokenLogProbs`; valid only without
         top-k / top-p / min-p)."""
-        opts = self.sampling_options({}) if options is None else options
+        opts = self.sampling if options is None else options
         if len(contexts) != len(budgets) or not contexts:
             raise ValueError(
                 f"generate_from_ids got {len(contexts)} contexts and {len(budgets)} budgets; give "
@@ -579,14 +542,14 @@ class CausalLMPolicy:
         # ZeRO-3 or FSDP on several processes: every forward all-gathers weights, so every rank
         # keeps stepping until all ranks' sequences are done (rows that finished only get padding).
         synced = self.is_partitioned and get_world_size() > 1
-        chunk = self.generation_batch_size or len(rows)
+        chunk = opts.generation_batch_size or len(rows)
         out: list[Completion] = []
         t0 = time.perf_counter()
         n_tokens = 0
         eos = torch.tensor(self.eos_token_ids)
         for start in range(0, len(rows), chunk):
             part_budgets = row_budgets[start : start + chunk]
-            gen_cfg = self._generation_config(transformers, opts._replace(max_new_tokens=max(part_budgets)))
+            gen_cfg = self._generation_config(transformers, opts.replace(max_new_tokens=max(part_budgets)))
             completions = self._generate_rows(
                 rows[start : start + chunk],
                 gen_cfg,
@@ -602,50 +565,7 @@ class CausalLMPolicy:
         self.last_generation = {"completion_tokens": float(n_tokens), "seconds": time.perf_counter() - t0}
         return out
 
-    def sampling_options(self, overrides: Mapping[str, Any]) -> SamplingOptions:
-        """The constructor's sampling settings with one call's keyword ``overrides``, checked
-        (TypeError naming an unknown option, ValueError for a value out of range)."""
-        unknown = set(overrides) - set(GENERATE_OPTIONS)
-        if unknown:
-            raise TypeError(
-                f"CausalLMPolicy.generate_actions got unknown options {sorted(unknown)}; allowed: "
-                f"{sorted(GENERATE_OPTIONS)}."
-            )
-        opts = SamplingOptions(
-            max_new_tokens=overrides.get("max_new_tokens", self.max_new_tokens),
-            min_new_tokens=overrides.get("min_new_tokens", self.min_new_tokens),
-            temperature=float(overrides.get("temperature", self.temperature)),
-            top_p=float(overrides.get("top_p", self.top_p)),
-            top_k=overrides.get("top_k", self.top_k),
-            min_p=float(overrides.get("min_p", self.min_p)),
-            repetition_penalty=float(overrides.get("repetition_penalty", self.repetition_penalty)),
-        )
-        if overrides:
-            _check_sampling_options(
-                opts.max_new_tokens, opts.temperature, opts.top_p, opts.top_k, opts.min_p,
-                opts.repetition_penalty, opts.min_new_tokens,
-            )  # fmt: skip
-        return opts
-
-    def completion_budgets(self, prompt_lengths: Sequence[int], max_new_tokens: int) -> list[int]:
-        """Tokens each completion may have: ``min(max_new_tokens, max_model_len - P)`` for a prompt
-        of P tokens (``max_new_tokens`` without ``max_model_len``). ValueError for a prompt that
-        leaves no room, naming its length and the limit."""
-        limit = self.max_model_len
-        if limit is None:
-            return [max_new_tokens] * len(prompt_lengths)
-        too_long = [(i, n) for i, n in enumerate(prompt_lengths) if n >= limit]
-        if too_long:
-            i, n = too_long[0]
-            raise ValueError(
-                f"prompt {i} has {n} tokens, which leaves no room for a completion within "
-                f"max_model_len={limit} (prompt + completion tokens). Shorten the prompt, raise "
-                f"max_model_len, or set CausalLMPolicy(max_prompt_length=...) below {limit} to keep "
-                f"only the last prompt tokens."
-            )
-        return [min(max_new_tokens, limit - n) for n in prompt_lengths]
-
-    def _generation_config(self, transformers: Any, opts: SamplingOptions) -> Any:
+    def _generation_config(self, transformers: Any, opts: SamplingSettings) -> Any:
         """The ``GenerationConfig`` of one ``generate`` call: every sampling field explicit
         (`grpo.llm.generation_defaults`; ``min_p`` and ``min_new_tokens`` 0 = off are passed as
         None, which `model_generation_defaults_off` keeps None)."""
@@ -671,7 +591,7 @@ class CausalLMPolicy:
         device: torch.device,
         eos: Tensor,
         budgets: Sequence[int],
-        opts: SamplingOptions,
+        opts: SamplingSettings,
         sampler_log_probs: list[Tensor] | None = None,
     ) -> list[Completion]:
         """One ``generate`` call on the prompt rows ``part``: a `Completion` per row, cut after its
@@ -700,7 +620,7 @@ class CausalLMPolicy:
         ids: Tensor,
         attn: Tensor,
         gen_cfg: Any,
-        opts: SamplingOptions,
+        opts: SamplingSettings,
         synced: bool,
         with_log_probs: bool,
     ) -> tuple[Tensor, Tensor | None]:
@@ -731,13 +651,12 @@ class CausalLMPolicy:
         comp = seqs[:, ids.shape[1] :]
         return comp, (None if recorder is None else recorder.finish(comp))
 
-    def uses_kv_loop(self, opts: SamplingOptions, synced: bool = False) -> bool:
-        """Whether sampling with ``opts`` runs the KV-cache loop (`grpo.llm.decode`): with
-        ``decoding="auto"``, when only the temperature and ``min_new_tokens`` shape the
-        distribution and the weights are not partitioned over processes (``synced``: generation
-        must keep the processes in step, which ``generate`` does)."""
-        plain = opts.top_k == 0 and opts.top_p >= 1.0 and opts.min_p == 0.0 and opts.repetition_penalty == 1.0
-        return self.decoding == "auto" and plain and not synced and not self.is_partitioned
+    def uses_kv_loop(self, opts: SamplingSettings, synced: bool = False) -> bool:
+        """Whether sampling with ``opts`` runs the KV-cache loop (`grpo.llm.decode`, the twin of
+        ``generate``): with ``decoding="auto"``, when only the temperature and ``min_new_tokens``
+        shape the distribution and the weights are not partitioned over processes (``synced``:
+        generation must keep the processes in step, which ``generate`` does)."""
+        return opts.decoding == "auto" and opts.only_temperature and not synced and not self.is_partitioned
 
     def generate_actions_with_sampler_log_probs(
         self, states: Sequence[Any], num_actions_per_state: int, **kwargs: Any
@@ -749,7 +668,7 @@ class CausalLMPolicy:
         or min-p (which ``generate`` applies after any processor of ours) they come from
         `get_log_probabilities` instead. A generation engine with its own weights reports these
         for the sampler correction of async rollouts (`grpo.generation.worker`)."""
-        opts = self.sampling_options(kwargs)
+        opts = self.sampling.replace(**kwargs)
         if opts.top_k > 0 or opts.top_p < 1.0 or opts.min_p > 0.0:
             groups = self.generate_actions(states, num_actions_per_state, **kwargs)
             flat_states = [s for s in states for _ in range(num_actions_per_state)]

@@ -290,6 +290,38 @@ METRICS: tuple[Metric, ...] = (
         "normaliser too).",
     ),
     _m(
+        "sampling/draws",
+        "sum",
+        "optional",
+        "With `max_sampling_draws` > 1 (dynamic sampling with back-fill): batches of states drawn "
+        "this step (1 = no back-fill was needed).",
+    ),
+    _m(
+        "sampling/kept_groups",
+        "sum",
+        "optional",
+        "Dynamic sampling: groups with mixed rewards (max > min) in the step's batch (B unless capped).",
+    ),
+    _m(
+        "sampling/dropped_groups",
+        "sum",
+        "optional",
+        "Dynamic sampling: groups drawn whose rewards were all equal and that were left out of the batch.",
+    ),
+    _m(
+        "sampling/surplus_groups",
+        "sum",
+        "optional",
+        "Dynamic sampling: mixed groups drawn beyond the B the batch holds (the last draw's extra).",
+    ),
+    _m(
+        "sampling/capped",
+        "max",
+        "optional",
+        "Dynamic sampling: 1 when the step stopped short of B mixed groups (max_sampling_draws reached "
+        "or the source ran out) and trained on those found, else 0.",
+    ),
+    _m(
         "reward/dropped_groups",
         "sum",
         "optional",

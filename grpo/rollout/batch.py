@@ -2,8 +2,10 @@
 
 Made by `grpo.experience_collector.ExperienceCollector` (a rollout) or by
 `ExperienceBatch.from_groups` (groups gathered elsewhere); read by the advantages and the update.
-`select_rows` takes rows of a batch's items (Tensor or list); `evaluate_log_probs` is the policy's
-forward over a batch's actions (all rows, or a micro-batch's).
+Its pure operations live here: `ExperienceBatch.select_groups` (some of its groups, every field at
+once), `concat_batches` (the groups of several batches as one), `select_rows` (rows of one item,
+Tensor or list) and `evaluate_log_probs` (the policy's forward over a batch's actions, all rows or
+a micro-batch's).
 
 Two data forms are handled, each on its own (states and actions independently):
 
@@ -16,7 +18,7 @@ Two data forms are handled, each on its own (states and actions independently):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -27,7 +29,7 @@ from grpo.policy_base import EntropyRequest, PolicyModel, PolicyOutput, has_meth
 from grpo.rollout.checks import method_name, to_reward_tensor
 from grpo.rollout.log_probs import LogProbs, normalise_log_probs
 
-__all__ = ["ExperienceBatch", "evaluate_log_probs", "select_rows"]
+__all__ = ["ExperienceBatch", "concat_batches", "evaluate_log_probs", "select_rows"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,8 @@ class ExperienceBatch:
         policy_versions: (N,) int64, the policy version (the trainer's ``step_count`` when the
             generation engine last received weights) that sampled each action; None for a batch
             built elsewhere (`from_groups`). Older than the trainer's = off-policy (async).
+        sampling: the ``sampling/*`` metrics of dynamic sampling (``GRPOConfig.max_sampling_draws``
+            > 1, `grpo.rollout.dynamic_sampling`); empty otherwise.
     """
 
     states: Any
@@ -80,6 +84,7 @@ class ExperienceBatch:
     step_rewards: Tensor | None = None
     loss_rows: Tensor | None = None
     policy_versions: Tensor | None = None
+    sampling: dict[str, float] = field(default_factory=dict)
 
     @property
     def num_samples(self) -> int:
@@ -136,6 +141,84 @@ class ExperienceBatch:
     @property
     def num_groups(self) -> int:
         return len(self.states)
+
+    def select_groups(self, groups: Tensor) -> ExperienceBatch:
+        """The groups ``groups`` ((k,) int64 indices, in that order) of a group-major batch with a
+        uniform group size G, as a batch of k groups: every per-group and per-sample field takes
+        the same rows, ``rows = groups[:, None] * G + arange(G)`` flattened (k*G,), and
+        ``group_ids`` become ``[0]*G + ... + [k-1]*G``. ``loss_rows`` are kept as selected (rows
+        without gradient stay so); ``timings`` and ``dropped_groups`` are kept as they are."""
+        g = self.group_size
+        if g is None:
+            raise ValueError("select_groups needs a uniform group size; this batch's groups differ in size.")
+        groups = groups.to(self.group_ids.device)
+        rows = (groups.unsqueeze(1) * g + torch.arange(g, device=groups.device)).flatten()
+        per_row = {name: select_rows(getattr(self, name), rows) for name in _ROW_FIELDS}
+        return replace(
+            self,
+            states=select_rows(self.states, groups),
+            group_ids=torch.arange(int(groups.shape[0]), device=rows.device).repeat_interleave(g),
+            reward_components={k: v.index_select(0, rows) for k, v in self.reward_components.items()},
+            **per_row,
+        )
+
+
+def concat_batches(batches: Sequence[ExperienceBatch]) -> ExperienceBatch:
+    """The groups of ``batches`` one after the other, as one group-major batch (every batch with
+    the same uniform G, states and actions of the same kind). Per-step fields (N_i, T_i) are
+    right-padded to the largest T (log-probs and rewards with 0, the mask with False: padding is
+    no step); ``group_ids`` are renumbered, ``dropped_groups`` and ``timings`` summed."""
+    first = batches[0]
+    if len(batches) == 1:
+        return first
+    g = first.group_size
+    if g is None or any(b.group_size != g for b in batches):
+        raise ValueError("concat_batches needs batches with one uniform group size.")
+    joined: dict[str, Any] = {name: _concat([getattr(b, name) for b in batches]) for name in _ROW_FIELDS}
+    timings: dict[str, float] = {}
+    for b in batches:
+        for k, v in b.timings.items():
+            timings[k] = timings.get(k, 0.0) + v
+    states = _concat([b.states for b in batches])
+    return replace(
+        first,
+        states=states,
+        group_ids=torch.arange(len(states), device=first.group_ids.device).repeat_interleave(g),
+        reward_components={
+            k: torch.cat([b.reward_components[k] for b in batches]) for k in first.reward_components
+        },
+        timings=timings,
+        dropped_groups=sum(b.dropped_groups for b in batches),
+        **joined,
+    )
+
+
+def _concat(items: list[Any]) -> Any:
+    """Lists joined, Tensors concatenated along rows ((N_i, T_i) right-padded to the largest T:
+    zeros, False for a bool mask); None when every item is None."""
+    if all(x is None for x in items):
+        return None
+    if not isinstance(items[0], Tensor):
+        return [x for part in items for x in part]
+    if items[0].dim() == 2 and len({int(x.shape[1]) for x in items}) > 1:
+        t = max(int(x.shape[1]) for x in items)
+        items = [torch.nn.functional.pad(x, (0, t - int(x.shape[1]))) for x in items]
+    return torch.cat(items)
+
+
+_ROW_FIELDS = (
+    "flat_states",
+    "actions",
+    "rewards",
+    "step_rewards",
+    "old_log_probs",
+    "ref_log_probs",
+    "sampler_log_probs",
+    "mask",
+    "loss_rows",
+    "policy_versions",
+)
+"""The `ExperienceBatch` fields with one row per sample (N rows)."""
 
 
 def _checked_group_states(states: Any, where: str, device: torch.device) -> Any:

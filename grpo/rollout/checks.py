@@ -20,16 +20,10 @@ from grpo.reward_model_base import FunctionReward
 __all__ = [
     "checked_step_rewards",
     "method_name",
-    "same_device",
     "stack_hint",
     "states_type_error",
     "to_reward_tensor",
 ]
-
-
-def same_device(a: torch.device, b: torch.device) -> bool:
-    """True when ``a`` is ``b`` (``cuda`` matches any ``cuda:N``)."""
-    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
 
 def method_name(obj: object, method: str) -> str:

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from grpo.policy_base import PolicyOutput
-from grpo.rollout.checks import same_device
+from grpo.runtime.devices import same_device
 
 __all__ = ["LogProbs", "normalise_log_probs"]
 

@@ -28,7 +28,7 @@ import dataclasses
 import math
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -117,8 +117,9 @@ class TrainerLike(Protocol):
         loop run with them too."""
         ...
 
-    def step(self, states: Any) -> dict[str, float]:
-        """One GRPO step on a batch of states; returns its metrics."""
+    def step(self, states: Any, *, more_states: Callable[[], Any] | None = None) -> dict[str, float]:
+        """One GRPO step on a batch of states; returns its metrics. ``more_states``: more batches
+        for dynamic sampling's back-fill (``config.max_sampling_draws`` > 1; None when exhausted)."""
         ...
 
     def prefetch(self, states: Any) -> None:

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from grpo.algorithms.pass_at_k import maj_at_k, pass_at_k
-from grpo.experience_collector import ExperienceBatch, ExperienceCollector, select_rows
+from grpo.experience_collector import ExperienceBatch, ExperienceCollector
 from grpo.training.callbacks import TrainerLike
 from grpo.training.rng import forked_rng
 from grpo.training.sources import num_states, state_sequence
@@ -148,28 +148,6 @@ def _chunks(states: Any, size: int) -> Iterator[Any]:
         raise ValueError("eval states are empty; give at least one state to evaluate on.")
     for i in range(0, n, size):
         yield states[i : i + size]
-
-
-class _EvalCollector(ExperienceCollector):
-    """The collector of `evaluate`: with ``invalid_rewards='drop_groups'`` a chunk in which every
-    group holds an invalid reward is dropped whole (counted in ``dropped_groups``) instead of
-    raising as a training step does; `evaluate` raises only when no group of the whole evaluation
-    is left."""
-
-    def _drop_invalid_groups(
-        self, states: Any, flat_states: Any, actions: Any, rewards: Tensor, comps: dict[str, Tensor]
-    ) -> tuple[Any, Any, Any, Tensor, dict[str, Tensor], Tensor | None]:
-        if bool(torch.isnan(rewards).view(-1, self.group_size).any(1).all()):
-            none = torch.zeros(0, dtype=torch.long, device=rewards.device)
-            return (
-                select_rows(states, none),
-                select_rows(flat_states, none),
-                select_rows(actions, none),
-                rewards[:0],
-                {k: v[:0] for k, v in comps.items()},
-                none,
-            )
-        return super()._drop_invalid_groups(states, flat_states, actions, rewards, comps)
 
 
 @dataclasses.dataclass
@@ -330,7 +308,7 @@ def _sample(
     on forked RNG streams and without gradients. The policy is put back in training mode if it
     was in it."""
     cfg = trainer.config
-    collector = _EvalCollector(
+    collector = ExperienceCollector(
         trainer.policy,
         trainer.reward_model,
         g,
@@ -339,6 +317,7 @@ def _sample(
         record_old_log_probs=False,
         invalid_rewards=cfg.invalid_rewards,
         reward_timeout=cfg.reward_timeout,
+        allow_empty=True,  # a chunk whose groups are all invalid is dropped whole; see evaluate
     )
     was_training = getattr(trainer.policy, "training", None)
     out = _Samples()

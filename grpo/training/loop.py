@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 from grpo.engine.distributed import get_world_size, is_main_process, rank_batches
 from grpo.engine.lr_schedules import schedule_length_problem
 from grpo.metrics.sinks import format_metrics
+from grpo.rollout.dynamic_sampling import DRAWS_COMPONENT, DrawCounter
 from grpo.runtime.threads import intra_op_threads
 from grpo.training.callbacks import HOOKS, TrainerLike, TrainState
 from grpo.training.evaluation import EvalOptions, check_eval_options, evaluate
@@ -337,9 +338,16 @@ def _open_source(run: _Run, states_source: Any, resume_from: str | os.PathLike[s
     return rank_batches(
         source,
         iter_state_batches(
-            source, run.config.batch_size * world, start=trainer.step_count, own_state=own_state
+            source, run.config.batch_size * world, start=_batches_drawn(trainer), own_state=own_state
         ),
     )
+
+
+def _batches_drawn(trainer: TrainerLike) -> int:
+    """Batches of the source drawn by the trainer's steps so far: one a step, plus those dynamic
+    sampling drew to back-fill (`grpo.rollout.dynamic_sampling.DrawCounter`, checkpointed)."""
+    counter = trainer.stateful_components().get(DRAWS_COMPONENT)
+    return trainer.step_count + (counter.extra if isinstance(counter, DrawCounter) else 0)
 
 
 def _prefetched(run: _Run, batches: Iterator[Any], states_source: Any) -> Iterator[Any]:
@@ -408,7 +416,10 @@ def _step(run: _Run, batches: Iterator[Any]) -> dict[str, float] | None:
         run.state.stop(f"the states source ran out after step {trainer.step_count}")
         return None
     t1 = time.perf_counter()
-    record = trainer.step(states)
+    if run.config.max_sampling_draws > 1:  # dynamic sampling back-fills from the same source
+        record = trainer.step(states, more_states=lambda: next(batches, None))
+    else:
+        record = trainer.step(states)
     t2 = time.perf_counter()
     record["time/data"] = t1 - t0
     iteration = max(record["time/data"] + record.get("time/step", t2 - t1), 1e-12)

@@ -108,7 +108,8 @@ class UpdateStatistics:
 class FusedLoss(Protocol):
     """A loss computed from the policy's own tensors in place of log-probs + `GRPOObjective`
     (``GRPOConfig.use_liger_loss``: `grpo.llm.liger.LigerGRPOLoss` on
-    `grpo.llm.CausalLMPolicy.lm_head_inputs`). ``inputs`` returns an object with ``mask`` (n, T)."""
+    `grpo.llm.CausalLMPolicy.lm_head_inputs`, which the trainer builds through the loss plugin
+    ``"liger"`` of `grpo.algorithms.loss_plugins`). ``inputs`` returns an object with ``mask`` (n, T)."""
 
     def inputs(self, policy: Any, actions: Any) -> Any:
         """One forward of the micro-batch's ``actions`` (with grad)."""

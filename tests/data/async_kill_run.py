@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo import GRPOConfig, GRPOTrainer
 from grpo.llm import CausalLMPolicy, PromptBatches, RewardFunctions
+from grpo.llm.sampling_settings import SamplingSettings
 from grpo.metrics.sinks import JSONLSink
 from grpo.training.callbacks import Callback, TrainState
 
@@ -55,7 +56,9 @@ def main() -> None:
     model_dir, out, num_steps, k = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    policy = CausalLMPolicy(AutoModelForCausalLM.from_pretrained(model_dir), tok, max_new_tokens=4)
+    policy = CausalLMPolicy(
+        AutoModelForCausalLM.from_pretrained(model_dir), tok, SamplingSettings(max_new_tokens=4)
+    )
     reward = RewardFunctions(lambda prompts, completions: [float(c.count("1")) for c in completions])
     cfg = GRPOConfig(
         group_size=2, batch_size=2, learning_rate=1e-3, seed=0, checkpoint_freq=1,

@@ -3,7 +3,7 @@
 As a script, a trainer that starts a worker and prints ``started <worker pid>`` once
 the worker process exists (the test then SIGKILLs this trainer):
 
-    python tests/data/worker_kill_run.py for_policy MODEL_DIR   # WorkerEngine.for_policy(a tiny LM)
+    python tests/data/worker_kill_run.py for_policy MODEL_DIR   # causal_lm_worker(a tiny LM)
     python tests/data/worker_kill_run.py slow MARKER COPY_DIR   # make_policy writes MARKER, then waits
 
 As a reward (``grpo-train --reward tests/data/worker_kill_run.py:kill_the_worker``): the third
@@ -51,9 +51,10 @@ def main(argv: list[str]) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from grpo.llm import CausalLMPolicy
+        from grpo.llm.engines.worker import causal_lm_worker
 
         model = AutoModelForCausalLM.from_pretrained(argv[1], dtype=torch.float32)
-        engine = WorkerEngine.for_policy(CausalLMPolicy(model, AutoTokenizer.from_pretrained(argv[1])))
+        engine = causal_lm_worker(CausalLMPolicy(model, AutoTokenizer.from_pretrained(argv[1])))
     else:
         os.makedirs(argv[2])
         engine = WorkerEngine(functools.partial(slow_policy, argv[1]), cleanup_dir=argv[2])

@@ -1,8 +1,8 @@
 """`WeightReceiver`: the methods a vLLM server's worker needs to take the trainer's weights.
 
 Loaded by vLLM into its worker process (``--worker-extension-cls
-grpo.generation.vllm_worker_extension.WeightReceiver``, vLLM >= 0.9) and called by
-`grpo.generation.vllm_server.VLLMServerEngine` through the server's ``/collective_rpc`` endpoint
+grpo.llm.engines.vllm_worker_extension.WeightReceiver``, vLLM >= 0.9) and called by
+`grpo.llm.engines.vllm_server.VLLMServerEngine` through the server's ``/collective_rpc`` endpoint
 (``VLLM_SERVER_DEV_MODE=1``), which passes string arguments only:
 
 1. ``grpo_init_weight_group(host, port, world_size, rank)`` joins a two-process gloo group

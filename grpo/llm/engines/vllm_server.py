@@ -4,7 +4,7 @@ The server is vLLM's own OpenAI-compatible server, started with grpo's weight re
 development endpoints (docs/llm.md, "A vLLM server")::
 
     VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model MODEL_DIR \
-        --worker-extension-cls grpo.generation.vllm_worker_extension.WeightReceiver \
+        --worker-extension-cls grpo.llm.engines.vllm_worker_extension.WeightReceiver \
         --logprobs-mode processed_logprobs
 
 Generation: one ``POST /v1/completions`` per prompt (``prompt``: the policy's token ids,
@@ -40,14 +40,15 @@ import torch.distributed as dist
 from torch import Tensor
 
 from grpo.generation.engine import Generated
-from grpo.generation.vllm_engine import (
+from grpo.llm.engines.vllm_engine import (
     VLLMSample,
     generated_from_samples,
     request_seeds,
     sampling_params_kwargs,
 )
-from grpo.generation.vllm_worker_extension import GROUP_TIMEOUT, flat_buffers, unflatten, weight_spec
-from grpo.llm.policy import CausalLMPolicy, SamplingOptions
+from grpo.llm.engines.vllm_worker_extension import GROUP_TIMEOUT, flat_buffers, unflatten, weight_spec
+from grpo.llm.policy import CausalLMPolicy
+from grpo.llm.sampling_settings import SamplingSettings
 from grpo.policy_base import PolicyModel
 
 __all__ = ["VLLMServerEngine", "completion_request", "samples_from_response"]
@@ -56,7 +57,7 @@ logger = logging.getLogger(__name__)
 
 
 def completion_request(
-    model: str, prompt: Sequence[int], options: SamplingOptions, *, n: int, max_tokens: int,
+    model: str, prompt: Sequence[int], options: SamplingSettings, *, n: int, max_tokens: int,
     eos_token_ids: Sequence[int], seed: int
 ) -> dict[str, Any]:  # fmt: skip
     """The JSON body of ``POST /v1/completions`` for G = ``n`` samples of one tokenised prompt:
@@ -104,7 +105,7 @@ class VLLMServerEngine:
         timeout: seconds an HTTP request may take.
 
     Attributes: ``last_sync_seconds``, ``last_sync_bytes`` (the bytes broadcast), and
-    ``last_generation`` as `grpo.generation.vllm_engine.VLLMEngine`'s.
+    ``last_generation`` as `grpo.llm.engines.vllm_engine.VLLMEngine`'s.
     """
 
     owns_weights = True
@@ -168,7 +169,7 @@ class VLLMServerEngine:
                 raise RuntimeError(
                     f"the vLLM server at {self.url} has no /collective_rpc: start it with "
                     "VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls "
-                    "grpo.generation.vllm_worker_extension.WeightReceiver."
+                    "grpo.llm.engines.vllm_worker_extension.WeightReceiver."
                 ) from e
             raise
 
@@ -197,10 +198,10 @@ class VLLMServerEngine:
         sampling overrides); the sampler's log-probs always come back."""
         self._check_open()
         policy = self.policy
-        opts = policy.sampling_options(kwargs)
+        opts = policy.sampling.replace(**kwargs)
         g = int(num_actions_per_state)
         prompts = [policy.encode_prompt(s) for s in states]
-        budgets = policy.completion_budgets([len(p) for p in prompts], opts.max_new_tokens)
+        budgets = opts.completion_budgets([len(p) for p in prompts])
         seeds = request_seeds(self.seed, self._jobs, len(prompts), g)
         self._jobs += 1
         eos = policy.eos_token_ids
@@ -211,7 +212,7 @@ class VLLMServerEngine:
         return _FutureGeneration(self._executor.submit(self._generate, states, prompts, bodies, opts))
 
     def _generate(
-        self, states: Any, prompts: list[list[int]], bodies: list[dict[str, Any]], opts: SamplingOptions
+        self, states: Any, prompts: list[list[int]], bodies: list[dict[str, Any]], opts: SamplingSettings
     ) -> Generated:
         t0 = time.perf_counter()
         answers = list(self._requests.map(lambda b: self._post("/v1/completions", b), bodies))

@@ -1,12 +1,16 @@
-"""The "clip" objective, fused: a second implementation of the same loss.
+"""Twin of `grpo.grpo_objective.GRPOObjective.composed` for the built-in "clip" loss, kept
+because it saves 10-14 % of a whole small-policy trainer step (benchmarks/objective_twin.py:
+readable / twin = 1.11-1.16 on benchmarks/overhead.py's bandit, 2026-11-28; on a tiny causal LM
+the step is the model's and the twin is within noise, benchmarks/RESULTS.md "The clip twin").
 
-`grpo.grpo_objective.GRPOObjective` computes its loss by composing the pure functions
+`GRPOObjective.composed` is the loss as a reader finds it: the pure functions
 (`grpo.algorithms.policy_losses.clip_loss`, `grpo.algorithms.kl.kl_estimate`,
-`grpo.grpo_objective.entropy_bonus`, `grpo.algorithms.aggregation.aggregate`) through autograd.
-For ``policy_loss="clip"`` with the built-in KL estimator and entropy term (no ``loss_fn``, no
-``kl_fn``) it calls `fused_clip_objective` instead, which computes the same function: the tests
-compare the two paths, and both with plain loops over samples and steps in float64
-(tests/test_objective_variants.py).
+`grpo.grpo_objective.entropy_bonus`, `grpo.algorithms.aggregation.aggregate`) composed through
+autograd. For ``policy_loss="clip"`` with the built-in KL estimator and entropy term (no
+``loss_fn``, no ``kl_fn``) `GRPOObjective.__call__` runs `clip_objective_twin` instead
+(`GRPOObjective.uses_clip_twin`; ``GRPOObjective(clip_twin=False)`` turns it off), which computes
+the same function: tests/test_objective_variants.py compares the two on random cases (values,
+statistics and gradients) and both with plain loops over samples and steps in float64.
 
 Per sample i and step t, with d = logp - logp_old, the log-ratio clamp c and weight ``v`` of the
 policy term (``is_weights``, else 1):
@@ -27,10 +31,11 @@ policy term (``is_weights``, else 1):
     loss       sum_{i,t} w_it l_it with the aggregation weights w (m / Z, or m / (n_i Z) for
                "seq-mean-token-mean", `grpo.algorithms.objective_statistics.aggregation_weights`)
 
-What fusing buys: one no-grad pass computes every per-step value and the derivative of the whole
-per-step loss w.r.t. logp, ``g = w (dl_pg + kl_coeff dk + entropy_coeff logp)``; the graph then
-holds one node (`FusedLoss`) whose backward is one multiply by the saved ``g``, instead of the ~30
-element-wise ops autograd would record and replay, with fewer (n, T) temporaries. The statistics
+What the twin does differently: one no-grad pass computes every per-step value and the derivative
+of the whole per-step loss w.r.t. logp, ``g = w (dl_pg + kl_coeff dk + entropy_coeff logp)``; the
+graph then holds one node (`SavedGradientLoss`) whose backward is one multiply by the saved
+``g``, instead of the ~30 element-wise ops autograd would record and replay (on small batches
+that Python and dispatch time is what a step saves; on large ones the twin is no faster). The statistics
 come from the same pass (`grpo.algorithms.objective_statistics.objective_statistics`). On-policy
 (``logp_old`` is ``logp.detach()``), the ratio is exactly 1 and is not computed (same numbers).
 """
@@ -47,11 +52,11 @@ from grpo.algorithms.aggregation import Aggregation
 from grpo.algorithms.kl import KLEstimator, kl_and_grad
 from grpo.algorithms.objective_statistics import ConstantCache, aggregation_weights, objective_statistics
 
-__all__ = ["ClipObjectiveSettings", "FusedLoss", "fused_clip_objective"]
+__all__ = ["ClipObjectiveSettings", "SavedGradientLoss", "clip_objective_twin"]
 
 
 class ClipObjectiveSettings(NamedTuple):
-    """The settings of a `grpo.grpo_objective.GRPOObjective` the fused "clip" path reads (immutable;
+    """The settings of a `grpo.grpo_objective.GRPOObjective` the "clip" twin reads (immutable;
     a named tuple: built on every call, so that a changed coefficient takes effect, in well under
     a microsecond).
 
@@ -76,7 +81,7 @@ class ClipObjectiveSettings(NamedTuple):
     aggregation: Aggregation
 
 
-class FusedLoss(torch.autograd.Function):
+class SavedGradientLoss(torch.autograd.Function):
     """A scalar loss whose value and per-step gradients were computed in the forward pass.
 
     ``apply(logp, entropy, value, g_logp, g_entropy)`` returns ``value``; its backward is
@@ -99,7 +104,7 @@ class FusedLoss(torch.autograd.Function):
         return grad * g_logp, (grad * g_ent if ctx.has_ent else None), None, None, None
 
 
-def fused_clip_objective(
+def clip_objective_twin(
     logp: Tensor,
     logp_old: Tensor,
     advantages: Tensor,
@@ -113,7 +118,8 @@ def fused_clip_objective(
     on_policy: bool = False,
     is_weights: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The "clip" loss with the built-in KL and entropy terms, as one `FusedLoss`.
+    """Twin of `GRPOObjective.composed` for the "clip" loss with the built-in KL and entropy terms
+    (kept for the step time it saves, module docstring): the loss as one `SavedGradientLoss`.
 
     Shapes: logp, logp_old, mask, logp_ref, entropy, is_weights (n, T); advantages (n,) or (n, T);
     ``normaliser`` 0-d or a float (the whole optimizer step's Z). ``cache``: the objective's
@@ -127,7 +133,7 @@ def fused_clip_objective(
         mf = mask.to(x.dtype)
         w = aggregation_weights(mf, normaliser, s.aggregation)  # None: the weight is mf / normaliser
         adv = advantages.unsqueeze(-1) if advantages.dim() == x.dim() - 1 else advantages
-        pg, g, ratio, lrc, clip_low, clip_high = _fused_policy_term(
+        pg, g, ratio, lrc, clip_low, clip_high = _policy_term_and_gradient(
             x, logp_old, adv, on_policy, is_weights, s, cache
         )
         kl = None
@@ -152,11 +158,11 @@ def fused_clip_objective(
             rows, mask, mf, w, normaliser, has_ref=logp_ref is not None, entropy_is_logp=entropy is None,
             kl_coeff=s.kl_coeff, entropy_coeff=s.entropy_coeff, cache=cache,
         )  # fmt: skip
-    loss: Tensor = FusedLoss.apply(logp, entropy, stats[0], g, g_ent)  # type: ignore[no-untyped-call]
+    loss: Tensor = SavedGradientLoss.apply(logp, entropy, stats[0], g, g_ent)  # type: ignore[no-untyped-call]
     return loss, stats, extremes
 
 
-def _fused_policy_term(
+def _policy_term_and_gradient(
     x: Tensor,
     logp_old: Tensor,
     adv: Tensor,
@@ -165,7 +171,7 @@ def _fused_policy_term(
     settings: ClipObjectiveSettings,
     cache: ConstantCache,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
-    """The clipped policy term of `fused_clip_objective` (under no_grad): per-step loss ``pg``, its
+    """The clipped policy term of `clip_objective_twin` (under no_grad): per-step loss ``pg``, its
     derivative ``g`` w.r.t. logp, and the ratio, clamped log-ratio and clip masks (None
     on-policy: ratio 1, nothing clipped)."""
     if on_policy:

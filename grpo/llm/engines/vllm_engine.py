@@ -64,7 +64,8 @@ from torch import Tensor
 
 from grpo.engine.distributed import get_world_size
 from grpo.generation.engine import Generated
-from grpo.llm.policy import CausalLMPolicy, Completion, SamplingOptions
+from grpo.llm.policy import CausalLMPolicy, Completion
+from grpo.llm.sampling_settings import SamplingSettings
 from grpo.policy_base import PolicyModel, PolicyOutput
 from grpo.runtime.extras import install_hint
 
@@ -113,7 +114,7 @@ def require_vllm() -> ModuleType:
 
 # ---- pure parts (no vLLM needed) -------------------------------------------------------------
 def sampling_params_kwargs(
-    options: SamplingOptions, *, n: int, max_tokens: int, eos_token_ids: Sequence[int], seed: int | None
+    options: SamplingSettings, *, n: int, max_tokens: int, eos_token_ids: Sequence[int], seed: int | None
 ) -> dict[str, Any]:
     """The ``vllm.SamplingParams(**kwargs)`` of one prompt: G = ``n`` samples of at most
     ``max_tokens`` tokens with the policy's sampling ``options``.
@@ -188,7 +189,7 @@ class VLLMSample:
 
 
 def _completion(
-    prompt: Tensor, sample: VLLMSample, text: str, eos: set[int], options: SamplingOptions
+    prompt: Tensor, sample: VLLMSample, text: str, eos: set[int], options: SamplingSettings
 ) -> Completion:
     """The `Completion` of one sample (ValueError for a sample the trainer could not score)."""
     ids = sample.token_ids
@@ -216,7 +217,7 @@ def completions_and_log_probs(
     prompts: Sequence[Sequence[int]],
     samples: Sequence[Sequence[VLLMSample]],
     eos_token_ids: Sequence[int],
-    options: SamplingOptions,
+    options: SamplingSettings,
     device: torch.device | str = "cpu",
 ) -> tuple[list[list[Completion]], PolicyOutput]:
     """B groups of G `Completion` s and the sampler's log-probs of them, as the HF path builds them.
@@ -448,7 +449,7 @@ class VLLMEngine:
     ) -> VLLMEngine:
         """Save ``policy``'s model (LoRA: the base weights) to a temporary directory and build a
         ``vllm.LLM`` on the device of the installed vLLM build, with ``seed`` (None: 0), the
-        policy's ``max_model_len`` and, for LoRA, ``enable_lora`` at the adapter's rank.
+        policy's ``sampling.max_model_len`` and, for LoRA, ``enable_lora`` at the adapter's rank.
 
         Memory: ``kv_cache_gib`` GiB for the KV cache (vLLM's ``kv_cache_memory_bytes``); None =
         on CUDA a share ``gpu_memory_utilization`` of the GPU (weights and KV cache), on the CPU
@@ -479,8 +480,8 @@ class VLLMEngine:
         }
         if kv_cache_gib is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
-        if lm.max_model_len is not None:
-            kwargs["max_model_len"] = lm.max_model_len
+        if lm.sampling.max_model_len is not None:
+            kwargs["max_model_len"] = lm.sampling.max_model_len
         workdir = Path(tempfile.mkdtemp(prefix="grpo-vllm-"))
         try:
             kwargs.update(_save_model(lm, workdir / "model"))
@@ -500,14 +501,14 @@ class VLLMEngine:
         self, states: Any, num_actions_per_state: int, *, with_log_probs: bool, **kwargs: Any
     ) -> _FutureGeneration:
         """Queue the generation of G = ``num_actions_per_state`` completions per state (``kwargs``:
-        the policy's sampling overrides, `grpo.llm.policy.GENERATE_OPTIONS`). The sampler's
+        the policy's sampling overrides: `grpo.llm.SamplingSettings` fields). The sampler's
         log-probs come back whether or not ``with_log_probs`` asks for them (they cost nothing)."""
         self._check_open()
         policy = self.policy
-        opts = policy.sampling_options(kwargs)
+        opts = policy.sampling.replace(**kwargs)
         g = int(num_actions_per_state)
         prompts = [policy.encode_prompt(s) for s in states]
-        budgets = policy.completion_budgets([len(p) for p in prompts], opts.max_new_tokens)
+        budgets = opts.completion_budgets([len(p) for p in prompts])
         seeds = request_seeds(self.seed, self._jobs, len(prompts), g)
         self._jobs += 1
         params = [
@@ -522,7 +523,7 @@ class VLLMEngine:
         states: Any,
         prompts: list[list[int]],
         params: list[dict[str, Any]],
-        opts: SamplingOptions,
+        opts: SamplingSettings,
         device: torch.device,
     ) -> Generated:
         """Runs on the engine's thread: vLLM's samples -> `Generated` (version: the loaded one)."""
