@@ -213,12 +213,15 @@ def finetune(policy: RobotPolicy, task: str, s: FinetuneSettings) -> dict[str, A
     rng = np.random.default_rng(s.seed)
     start, updates, curve = time.perf_counter(), 0, []
     while episodes.env_steps < s.budget:
-        metrics = trainer.step(rng.integers(0, EVAL_SEED0, s.batch_size).tolist())
+        metrics = trainer.step(  # more_states: new starts for the back-fill of all-equal groups
+            rng.integers(0, EVAL_SEED0, s.batch_size).tolist(),
+            more_states=lambda: rng.integers(0, EVAL_SEED0, s.batch_size).tolist(),
+        )
         updates += 1
         curve.append((episodes.env_steps, metrics["episode/success_rate"]))
         log.info(
-            "update %3d  env steps %7d  train success %.2f  entropy %.2f",
-            updates, episodes.env_steps, metrics["episode/success_rate"],
+            "update %3d  env steps %7d  train success %.2f  draws %d  entropy %.2f",
+            updates, episodes.env_steps, metrics["episode/success_rate"], metrics.get("sampling/draws", 1),
             metrics.get("policy/entropy", math.nan),
         )  # fmt: skip
     episodes.close()

@@ -296,7 +296,7 @@ def test_length_bias_warning_where_whole_episode_success_meets_a_length_weighted
 
 def test_finetune_success_recipe_trains_on_success_without_the_length_bias() -> None:
     """GRPOConfig.recipe("finetune_success"): a fixed rate (no adaptive fall to 1e-5), clip-higher,
-    per-step credit on an env ending on success trains without a LengthBiasWarning."""
+    back-fill; per-step credit on an env ending on success trains without a LengthBiasWarning."""
     import warnings
 
     from grpo.gym.episodes import EpisodeRewards
@@ -316,7 +316,9 @@ def test_finetune_success_recipe_trains_on_success_without_the_length_bias() -> 
     before = [p.detach().clone() for p in policy.parameters()]
     with warnings.catch_warnings():
         warnings.simplefilter("error", LengthBiasWarning)
-        metrics = trainer.step([0, 1])
+        metrics = trainer.step([0, 1], more_states=iter([[2, 3], [4, 5], [6, 7]]).__next__)
+    assert (config.drop_zero_variance_groups, config.max_sampling_draws) == (True, 4)
+    assert 1 <= metrics["sampling/draws"] <= 4  # back-fill: new starts for all-equal groups
     assert 0.0 <= metrics["episode/success_rate"] <= 1.0
     assert trainer.optimizer is not None
     assert trainer.optimizer.param_groups[0]["lr"] == 3e-4

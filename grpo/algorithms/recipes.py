@@ -134,12 +134,15 @@ RECIPES: dict[str, Recipe] = {
             "loss_aggregation": "token-mean",  # with per-step credit (EpisodeRewards): no length bias
             "gamma": 0.99,  # per-step credit: a success sooner is worth more
             "group_size": 8,
+            "drop_zero_variance_groups": True,  # dynamic sampling: all-fail / all-succeed groups ...
+            "max_sampling_draws": 4,  # ... replaced by new starts, at most 4 draws a step
         },
         "Not from a paper. Use it with per-step credit (grpo.gym.EpisodeRewards() on an env wrapped "
         "in grpo.gym.EndOnSuccess): a whole-episode reward with token-mean weighs the failures' long "
         "episodes over the successes' short ones (grpo.gym.success.LengthBiasWarning). No adaptive "
         "rate: small_policy's falls to its 1e-5 floor on a pretrained policy. batch_size is yours; "
-        "the exploration noise is the policy's (the example sets sigma = 0.3).",
+        "the exploration noise is the policy's (the example sets sigma = 0.3). Back-fill needs a source of "
+        "starts: trainer.step(seeds, more_states=...) or train().",
     ),
     "tiny_lm": Recipe(
         "grpo's own preset for tiny causal LMs trained from scratch, single- and multi-turn "
