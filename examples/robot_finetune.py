@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.distributions import Independent, Normal
+from torch.distributions import Distribution, Independent, Normal
 
 from grpo import GRPOConfig, GRPOTrainer
 from grpo.gym.episodes import EpisodeEvaluation, EpisodePolicy, EpisodeRewards, evaluate_policy
@@ -60,6 +60,9 @@ class RobotPolicy(nn.Module):
     ``action_net``), so PPO can start from the same weights (benchmarks/robot_finetune.py).
     """
 
+    obs_mean: Tensor
+    obs_std: Tensor
+
     def __init__(self, obs_mean: Tensor, obs_std: Tensor, act_dim: int, hidden: Sequence[int] = (256, 256)):
         super().__init__()
         self.register_buffer("obs_mean", obs_mean.float().clone())
@@ -78,7 +81,7 @@ class RobotPolicy(nn.Module):
         """``clamp((obs - mean) / std, -10, 10)``, (n, obs_dim)."""
         return ((obs.float() - self.obs_mean) / self.obs_std).clamp(-10.0, 10.0)
 
-    def forward(self, obs: Tensor) -> Independent:
+    def forward(self, obs: Tensor) -> Distribution:
         mu = self.head(self.body(self.normalise(obs)))
         return Independent(Normal(mu, self.log_std.exp().expand_as(mu)), 1)
 
@@ -108,7 +111,7 @@ def load_policy(path: Path) -> RobotPolicy:
 # ---- demonstrations and cloning ------------------------------------------------------------------
 def expert_for(task: str) -> Any:
     """MetaWorld's scripted expert of ``task`` (``metaworld.policies.ENV_POLICY_MAP``)."""
-    from metaworld.policies import ENV_POLICY_MAP
+    from metaworld.policies import ENV_POLICY_MAP  # type: ignore[import-not-found, unused-ignore]
 
     if task not in ENV_POLICY_MAP:
         raise ValueError(f"no scripted MetaWorld expert for {task!r}; e.g. {sorted(ENV_POLICY_MAP)[:4]}.")
@@ -161,7 +164,7 @@ def behaviour_clone(
     opt = torch.optim.Adam([p for n, p in policy.named_parameters() if n != "log_std"], lr=1e-3)
     gen = torch.Generator().manual_seed(seed)
     for _ in range(epochs):
-        for idx in torch.randperm(len(x), generator=gen).split(256):
+        for idx in torch.split(torch.randperm(len(x), generator=gen), 256):
             loss = (policy(x[idx]).mean - y[idx]).pow(2).sum(-1).mean()
             opt.zero_grad()
             loss.backward()
@@ -260,7 +263,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     path = Path(args.out)
     save_policy(policy, path, {"task": args.task, "success": after.success_rate})
     again = evaluate(load_policy(path), args.task, args.eval_episodes, args.max_steps)
-    if again.successes is None or not np.array_equal(again.successes, after.successes):
+    if (
+        again.successes is None
+        or after.successes is None
+        or not np.array_equal(again.successes, after.successes)
+    ):
         raise RuntimeError("the loaded policy does not replay the saved one's evaluation")
     log.info(
         "%s: success %.2f +- %.2f -> %.2f +- %.2f after %d env steps (%d updates, %.0f s); saved to %s",

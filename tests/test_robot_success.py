@@ -287,7 +287,11 @@ def test_length_bias_warning_where_whole_episode_success_meets_a_length_weighted
         with warnings.catch_warnings():  # once per reward
             warnings.simplefilter("error", LengthBiasWarning)
             biased.step([0, 1, 2, 3])
-    for reward, aggregation in ((EpisodeRewards(), "token-mean"), (EpisodeSuccess(), "seq-mean-token-mean")):
+    settings: list[tuple[Any, str]] = [
+        (EpisodeRewards(), "token-mean"),
+        (EpisodeSuccess(), "seq-mean-token-mean"),
+    ]
+    for reward, aggregation in settings:
         with warnings.catch_warnings():
             warnings.simplefilter("error", LengthBiasWarning)
             metrics = trainer(reward, aggregation).step([0, 1, 2, 3])

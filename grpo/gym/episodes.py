@@ -559,7 +559,7 @@ class EpisodeEvaluation:
 
 
 def evaluate_policy(
-    policy: DistributionPolicy | EpisodePolicy,
+    policy: DistributionPolicy | EpisodePolicy | nn.Module,
     env: str | Callable[[], Any],
     seeds: Sequence[int],
     *,
