@@ -118,7 +118,7 @@ def start_draws(env: Any, seed: int) -> Any:
     vector env resets without a seed after each episode, and `SeededStarts` would repeat the last."""
     import gymnasium as gym
 
-    class StartDraws(gym.Wrapper):  # type: ignore[misc, type-arg]
+    class StartDraws(gym.Wrapper):  # type: ignore[misc, type-arg, unused-ignore]
         def __init__(self, env: Any) -> None:
             super().__init__(env)
             self.rng = np.random.default_rng(seed)
@@ -129,22 +129,23 @@ def start_draws(env: Any, seed: int) -> Any:
     return StartDraws(env)
 
 
-def normalised(env: Any, policy: RobotPolicy) -> Any:
+def normalised(env: Any, policy: Any) -> Any:
     """The clone's own observation normalisation, in front of SB3's MlpPolicy (which has none)."""
     import gymnasium as gym
 
     def norm(obs: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            return policy.normalise(torch.as_tensor(obs)[None])[0].numpy()
+            out: np.ndarray = policy.normalise(torch.as_tensor(obs)[None])[0].numpy()
+        return out
 
     space = gym.spaces.Box(-10.0, 10.0, env.observation_space.shape, np.float32)
     return gym.wrappers.TransformObservation(env, norm, space)
 
 
-def ppo_model(policy: RobotPolicy, task: str, seed: int, n_envs: int) -> Any:
+def ppo_model(policy: Any, task: str, seed: int, n_envs: int) -> Any:
     """SB3 PPO on ``n_envs`` envs with the clone as its actor (weights copied) and a fresh critic."""
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.vec_env import DummyVecEnv
+    from stable_baselines3 import PPO  # type: ignore[import-not-found, unused-ignore]
+    from stable_baselines3.common.vec_env import DummyVecEnv  # type: ignore[import-not-found, unused-ignore]
 
     make = env_factory(task, MAX_STEPS)
     fns = [lambda i=i: normalised(start_draws(make(), 1000 * seed + i), policy) for i in range(n_envs)]
