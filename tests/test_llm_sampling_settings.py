@@ -91,8 +91,8 @@ def test_the_policy_takes_one_object_and_no_sampling_keyword(tmp_path) -> None:
 
 def test_the_cli_builds_the_settings_once_from_its_flags(tmp_path) -> None:
     """Every sampling flag of grpo-train lands in the policy's one `SamplingSettings` object."""
-    from grpo.llm.cli_run import build_policy
     from grpo.llm.cli_options import parse_args
+    from grpo.llm.cli_run import build_policy
 
     flags = {
         "max_new_tokens": 7, "min_new_tokens": 1, "temperature": 0.6, "top_p": 0.9, "top_k": 4,

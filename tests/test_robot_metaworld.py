@@ -131,3 +131,36 @@ def test_branching_on_metaworld_starts_each_group_from_its_snapshot() -> None:
         )
     branches.close()
     trunk.close()
+
+
+def test_robot_finetune_example_quick(tmp_path: Any) -> None:
+    """examples/robot_finetune.py --quick: demonstrations, cloning, GRPO updates on success, the
+    evaluation before and after, and the saved policy loaded back (the example checks that the
+    loaded policy replays the evaluation)."""
+    import json
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    script = root / "examples" / "robot_finetune.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--quick", "--out", str(tmp_path / "p")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=900,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(
+        r"push-v3: 2 demos \(\d+ steps, \d+% solved\); BC success [\d.]+ \+- [\d.]+", proc.stdout
+    )
+    updates = re.findall(r"update +(\d+) +env steps +(\d+) +train success ([\d.]+)", proc.stdout)
+    assert len(updates) >= 1
+    assert int(updates[-1][1]) >= 300  # the --quick budget, every env step counted
+    final = re.search(r"after (\d+) env steps \((\d+) updates", proc.stdout)
+    assert final is not None
+    assert (int(final.group(1)), int(final.group(2))) == (int(updates[-1][1]), len(updates))
+    meta = json.loads((tmp_path / "p.json").read_text())
+    assert (meta["obs_dim"], meta["act_dim"], meta["task"]) == (39, 4, "push-v3")
+    assert (tmp_path / "p.safetensors").stat().st_size > 0

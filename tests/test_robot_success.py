@@ -18,7 +18,7 @@ from grpo.gym.episodes import Episode, EpisodePolicy, EpisodeReturn, evaluate_po
 from grpo.gym.seeded_starts import SeededStarts, check_seeded_starts  # noqa: E402
 from grpo.gym.snapshot_check import clear_replay_checks  # noqa: E402
 from grpo.gym.snapshots import SnapshotError, restore, snapshot  # noqa: E402
-from grpo.gym.success import EndOnSuccess, EpisodeSuccess, info_success  # noqa: E402
+from grpo.gym.success import EndOnSuccess, EpisodeSuccess, LengthBiasWarning, info_success  # noqa: E402
 from grpo.policies import gaussian_mlp  # noqa: E402
 from grpo.rollout.action_stats import success_metrics  # noqa: E402
 
@@ -203,7 +203,8 @@ def test_end_on_success_binary_reward_and_the_success_rate_metric() -> None:
         EpisodeSuccess().compute_rewards(None, episodes), torch.tensor([e.episode_return for e in episodes])
     )
     config = GRPOConfig(group_size=4, batch_size=4, seed=0)
-    metrics = GRPOTrainer(config, policy, EpisodeReturn()).step([0, 1, 2, 3])
+    with pytest.warns(LengthBiasWarning):  # whole-episode success with token-mean (the next test)
+        metrics = GRPOTrainer(config, policy, EpisodeReturn()).step([0, 1, 2, 3])
     assert 0.0 <= metrics["episode/success_rate"] <= 1.0
     assert metrics["episode/success_rate"] == metrics["reward/mean"]  # binary reward: same number
     # envs that report nothing: no flag, no metric, and EpisodeSuccess refuses
@@ -253,3 +254,77 @@ def test_evaluation_reuses_a_pool_of_envs_and_reports_success_with_its_stderr() 
     assert quiet.success_stderr is None
     with pytest.raises(ValueError, match=r"num_envs=0.*integer >= 1"):
         evaluate_policy(net, make, seeds, num_envs=0)
+
+
+def test_length_bias_warning_where_whole_episode_success_meets_a_length_weighted_loss() -> None:
+    """EndOnSuccess ends successes early; a whole-episode reward with token-mean then pushes against
+    success (grpo.gym.success's docstring): warned once, with the measured net weight; per-step
+    credit and seq-mean-token-mean are not warned."""
+    import warnings
+
+    from grpo.gym.episodes import EpisodeRewards
+    from grpo.gym.success import length_bias
+
+    # by hand: groups (1, 0) with lengths (5, 20) and (0, 1) with (20, 10): A = +-0.5,
+    # sum_i A_i L_i = 2.5 - 10 - 10 + 5 = -12.5 over sum L = 55
+    bias = length_bias(
+        torch.tensor([1.0, 0, 0, 1]), torch.tensor([5, 20, 20, 10]), torch.tensor([0, 0, 1, 1])
+    )
+    assert bias == pytest.approx(-12.5 / 55)
+    assert length_bias(torch.tensor([1.0, 0]), torch.tensor([9, 9]), torch.tensor([3, 3])) == 0.0
+
+    def trainer(reward: Any, aggregation: str) -> GRPOTrainer:
+        torch.manual_seed(0)
+        policy = EpisodePolicy(
+            lambda: EndOnSuccess(SeededStarts(IgnoresSeed(), seed_rng)), gaussian_mlp(2, 1, hidden=(8,))
+        )
+        config = GRPOConfig(group_size=4, batch_size=4, seed=0, loss_aggregation=aggregation)  # type: ignore[arg-type]
+        return GRPOTrainer(config, policy, reward)
+
+    for reward in (EpisodeReturn(), EpisodeSuccess()):
+        biased = trainer(reward, "token-mean")
+        with pytest.warns(LengthBiasWarning, match=r"net weight sum_i A_i L_i / sum_i L_i is -\d.*< 0"):
+            biased.step([0, 1, 2, 3])
+        with warnings.catch_warnings():  # once per reward
+            warnings.simplefilter("error", LengthBiasWarning)
+            biased.step([0, 1, 2, 3])
+    settings: list[tuple[Any, str]] = [
+        (EpisodeRewards(), "token-mean"),
+        (EpisodeSuccess(), "seq-mean-token-mean"),
+    ]
+    for reward, aggregation in settings:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", LengthBiasWarning)
+            metrics = trainer(reward, aggregation).step([0, 1, 2, 3])
+        assert 0.0 < metrics["episode/success_rate"] < 1.0  # mixed groups: the case that would warn
+
+
+def test_finetune_success_recipe_trains_on_success_without_the_length_bias() -> None:
+    """GRPOConfig.recipe("finetune_success"): a fixed rate (no adaptive fall to 1e-5), clip-higher,
+    back-fill; per-step credit on an env ending on success trains without a LengthBiasWarning."""
+    import warnings
+
+    from grpo.gym.episodes import EpisodeRewards
+
+    config = GRPOConfig.recipe("finetune_success", batch_size=2, seed=0)
+    assert (config.learning_rate, config.adaptive_lr_kl, config.group_size) == (3e-4, None, 8)
+    assert (config.clip_epsilon, config.clip_epsilon_high, config.loss_aggregation) == (
+        0.2,
+        0.28,
+        "token-mean",
+    )
+    torch.manual_seed(0)
+    policy = EpisodePolicy(
+        lambda: EndOnSuccess(SeededStarts(IgnoresSeed(), seed_rng)), gaussian_mlp(2, 1, hidden=(8,))
+    )
+    trainer = GRPOTrainer(config, policy, EpisodeRewards())
+    before = [p.detach().clone() for p in policy.parameters()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LengthBiasWarning)
+        metrics = trainer.step([0, 1], more_states=iter([[2, 3], [4, 5], [6, 7]]).__next__)
+    assert (config.drop_zero_variance_groups, config.max_sampling_draws) == (True, 4)
+    assert 1 <= metrics["sampling/draws"] <= 4  # back-fill: new starts for all-equal groups
+    assert 0.0 <= metrics["episode/success_rate"] <= 1.0
+    assert trainer.optimizer is not None
+    assert trainer.optimizer.param_groups[0]["lr"] == 3e-4
+    assert any(not torch.equal(a, b) for a, b in zip(before, policy.parameters(), strict=True))

@@ -120,6 +120,30 @@ RECIPES: dict[str, Recipe] = {
         "A settled policy whose rewards fall (the task changed) restarts from its starting "
         "weights (reward_shift_z; not with FSDP or DeepSpeed).",
     ),
+    "finetune_success": Recipe(
+        "grpo's own starting point for fine-tuning a pretrained (behaviour-cloned) control policy on "
+        "a binary success reward (examples/robot_finetune.py): measured in benchmarks/RESULTS.md, "
+        "section 'Robot fine-tuning on success'",
+        {
+            "learning_rate": 3e-4,  # a fixed rate: the pretrained policy is already near the goal
+            "num_epochs_per_update": 4,  # each rollout reused 4 times ...
+            "num_mini_batches": 4,  # ... in 4 optimizer steps each: 16 per rollout
+            "clip_epsilon": 0.2,
+            "clip_epsilon_high": 0.28,  # clip-higher (DAPO): rare successes may gain probability faster
+            "kl_coeff": 0.0,
+            "loss_aggregation": "token-mean",  # with per-step credit (EpisodeRewards): no length bias
+            "gamma": 0.99,  # per-step credit: a success sooner is worth more
+            "group_size": 8,
+            "drop_zero_variance_groups": True,  # dynamic sampling: all-fail / all-succeed groups ...
+            "max_sampling_draws": 4,  # ... replaced by new starts, at most 4 draws a step
+        },
+        "Not from a paper. Use it with per-step credit (grpo.gym.EpisodeRewards() on an env wrapped "
+        "in grpo.gym.EndOnSuccess): a whole-episode reward with token-mean weighs the failures' long "
+        "episodes over the successes' short ones (grpo.gym.success.LengthBiasWarning). No adaptive "
+        "rate: small_policy's falls to its 1e-5 floor on a pretrained policy. batch_size is yours; "
+        "the exploration noise is the policy's (the example sets sigma = 0.3). Back-fill needs a source of "
+        "starts: trainer.step(seeds, more_states=...) or train().",
+    ),
     "tiny_lm": Recipe(
         "grpo's own preset for tiny causal LMs trained from scratch, single- and multi-turn "
         "(grpo.llm.tiny, examples/llm_multiturn.py): measured in benchmarks/RESULTS.md, section "

@@ -96,6 +96,9 @@ def checked_inputs(
         raise TypeError(f"config must be a GRPOConfig, got {type(config).__name__}.")
     check_policy(policy, "policy")
     reward = as_reward_model(reward_model, "reward_model")
+    check_config = getattr(reward, "check_config", None)
+    if callable(check_config):  # a reward that depends on the config (grpo.gym's length-bias warning)
+        check_config(config)
     if reference_policy is not None:
         check_policy(reference_policy, "reference_policy")
     return reward

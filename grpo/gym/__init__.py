@@ -32,7 +32,7 @@ from grpo.gym.grouping import (
 )
 from grpo.gym.seeded_starts import SeededStarts, make_metaworld
 from grpo.gym.snapshots import Snapshot, SnapshotError, SnapshotReset, SnapshotStore, restore, snapshot
-from grpo.gym.success import EndOnSuccess, EpisodeSuccess
+from grpo.gym.success import EndOnSuccess, EpisodeSuccess, LengthBiasWarning
 
 __all__ = [
     "EndOnSuccess",
@@ -43,6 +43,7 @@ __all__ = [
     "EpisodeRewards",
     "EpisodeSpread",
     "EpisodeSuccess",
+    "LengthBiasWarning",
     "NearestStartPolicy",
     "SeededStarts",
     "Snapshot",

@@ -66,7 +66,7 @@ from torch.distributions import Distribution
 
 from grpo.envs.protocol import Environment
 from grpo.gym.gymnasium_lib import import_gymnasium
-from grpo.gym.success import info_success
+from grpo.gym.success import info_success, warn_length_bias
 from grpo.gym.vector_env import as_environment
 from grpo.policies import DistributionPolicy
 from grpo.policy_base import EntropyRequest, PolicyOutput, entropy_grad_mode
@@ -188,7 +188,14 @@ class EpisodeReturn(StatelessReward):
 
     def compute_rewards(self, states: Any, actions: Sequence[Episode]) -> Tensor:
         _, _, rew, mask = stack_episodes(actions, "EpisodeReturn.compute_rewards")
-        return episode_returns(rew, mask, self.gamma)
+        returns = episode_returns(rew, mask, self.gamma)
+        warn_length_bias(self, actions, returns)
+        return returns
+
+    def check_config(self, config: Any) -> None:
+        """Called by the trainer: records ``config.loss_aggregation`` for the length-bias warning
+        (`grpo.gym.success.LengthBiasWarning`)."""
+        self.loss_aggregation = config.loss_aggregation
 
 
 class EpisodeRewards(StatelessReward):
@@ -557,7 +564,7 @@ class EpisodeEvaluation:
 
 
 def evaluate_policy(
-    policy: DistributionPolicy | EpisodePolicy,
+    policy: DistributionPolicy | EpisodePolicy | nn.Module,
     env: str | Callable[[], Any],
     seeds: Sequence[int],
     *,
