@@ -139,17 +139,15 @@ class TrainingLoopMixin:
 def train(
     trainer: TrainerLike, states_source: Any, num_steps: int, **options: Unpack[TrainOptions]
 ) -> TrainState:
-    """Run ``trainer.step`` until ``trainer.step_count == num_steps``, with progress, evaluation,
-    sinks, callbacks and checkpoints (`GRPOTrainer.train` calls this; the module docstring tells
-    one iteration, what runs where under torchrun, and what the run reports).
+    """Run ``trainer.step`` until ``trainer.step_count == num_steps``, with progress, evaluation, sinks,
+    callbacks and checkpoints (`GRPOTrainer.train` calls this; the module docstring tells the rest).
 
     Args:
         trainer: the trainer (`grpo.GRPOTrainer`, or any `TrainerLike`).
         states_source: a list / Tensor of states, an iterable of batches (a ``DataLoader``), an
             iterator or a callable (`grpo.training.sources`: how each is drawn and resumed; with
             ``checkpoint_dir`` or ``resume_from`` one that cannot resume exactly warns).
-        num_steps: the step count at which to stop (total, counting steps already done and those
-            restored by ``resume_from``).
+        num_steps: the step count at which to stop (total: steps done and restored count too).
 
     Options (``**options``, the keys of `TrainOptions`):
         eval_states: states to evaluate on (`evaluate`) every ``eval_every`` steps.
