@@ -35,7 +35,7 @@ from grpo.engine.distributed import get_world_size, is_main_process
 from grpo.engine.fsdp import full_state_dict, is_fsdp_sharded, run_as_forward
 from grpo.llm._deps import require
 from grpo.llm.data import is_chat, prompt_text
-from grpo.llm.decode import sample_with_kv_cache
+from grpo.llm.decode import StopTokens, sample_with_kv_cache
 from grpo.llm.generation_defaults import log_unapplied_checkpoint_settings, model_generation_defaults_off
 from grpo.llm.logprobs import checked_compile_option, chunked_token_logprobs
 from grpo.llm.lora import REFERENCE_ADAPTER, SeparateAdapterReference, add_reference_adapter
@@ -632,11 +632,8 @@ class CausalLMPolicy:
                     self._causal_lm(),
                     ids,
                     attn,
-                    max_new_tokens=int(gen_cfg.max_new_tokens),
-                    temperature=opts.temperature,
-                    eos_token_ids=self.eos_token_ids,
-                    pad_token_id=self.pad_token_id,
-                    min_new_tokens=opts.min_new_tokens,
+                    settings=opts.replace(max_new_tokens=int(gen_cfg.max_new_tokens)),
+                    stop=StopTokens(self.eos_token_ids, self.pad_token_id),
                     with_log_probs=with_log_probs,
                 )
         transformers = require("transformers")
