@@ -41,6 +41,7 @@ from torch import Tensor
 
 from grpo.generation.engine import Generated
 from grpo.llm.engines.vllm_engine import (
+    VLLMJob,
     VLLMSample,
     generated_from_samples,
     request_seeds,
@@ -217,8 +218,9 @@ class VLLMServerEngine:
         t0 = time.perf_counter()
         answers = list(self._requests.map(lambda b: self._post("/v1/completions", b), bodies))
         samples = [samples_from_response(a) for a in answers]
+        job = VLLMJob(states, prompts, self._loaded_version, t0)
         generated, self.last_generation = generated_from_samples(
-            self.policy, states, prompts, samples, opts, self.policy.device, self._loaded_version, t0
+            self.policy, job, samples, opts, self.policy.device
         )
         return generated
 
