@@ -58,9 +58,15 @@ logger = logging.getLogger(__name__)
 
 
 def completion_request(
-    model: str, prompt: Sequence[int], options: SamplingSettings, *, n: int, max_tokens: int,
-    eos_token_ids: Sequence[int], seed: int
-) -> dict[str, Any]:  # fmt: skip
+    model: str,
+    prompt: Sequence[int],
+    options: SamplingSettings,
+    *,
+    n: int,
+    max_tokens: int,
+    eos_token_ids: Sequence[int],
+    seed: int,
+) -> dict[str, Any]:
     """The JSON body of ``POST /v1/completions`` for G = ``n`` samples of one tokenised prompt:
     the in-process engine's sampling parameters, the token ids and the sampled tokens'
     log-probs in the answer."""
