@@ -218,11 +218,16 @@ def _callbacks(
 
 def _log_plan(args: argparse.Namespace, num_states: int, plan: _StepPlan) -> None:
     logger.info(
-        "%d %s, %d a step: %d steps (%d epoch%s of %d steps%s)", num_states,
-        "prompts" if args.env is None else "start states", plan.global_batch,
-        plan.total, plan.epochs, "s" if plan.epochs > 1 else "", plan.per_epoch,
+        "%d %s, %d a step: %d steps (%d epoch%s of %d steps%s)",
+        num_states,
+        "prompts" if args.env is None else "start states",
+        plan.global_batch,
+        plan.total,
+        plan.epochs,
+        "s" if plan.epochs > 1 else "",
+        plan.per_epoch,
         "; --max-steps cycles the data" if args.max_steps is not None and plan.epochs > 1 else "",
-    )  # fmt: skip
+    )
 
 
 def _load_model(args: argparse.Namespace, transformers: Any) -> tuple[Any, Any]:

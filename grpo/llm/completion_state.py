@@ -88,10 +88,15 @@ class CompletionsCodec:
         flat = [
             Completion(p, t, text, fin, temp, m)
             for p, t, text, fin, temp, m in zip(
-                prompts, tokens, state["text"], state["finished"], state["temperature"],
-                state["min_new_tokens"], strict=True,
+                prompts,
+                tokens,
+                state["text"],
+                state["finished"],
+                state["temperature"],
+                state["min_new_tokens"],
+                strict=True,
             )
-        ]  # fmt: skip
+        ]
         return [flat[i * g : (i + 1) * g] for i in range(b)], n
 
 

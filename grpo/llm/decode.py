@@ -34,14 +34,15 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from grpo.llm._deps import require
+from grpo.llm.sampling_settings import SamplingSettings
 
-__all__ = ["sample_with_kv_cache"]
+__all__ = ["StopTokens", "sample_with_kv_cache"]
 
 
 def _forward_keywords(model: Any) -> tuple[str, dict[str, Any], bool]:
@@ -63,28 +64,38 @@ def _new_cache(transformers: Any, model: Any) -> Any:
     return transformers.DynamicCache()
 
 
+class StopTokens(NamedTuple):
+    """The token ids that end a row: any of ``eos_token_ids`` ends it, ``pad_token_id`` fills the
+    row after its EOS."""
+
+    eos_token_ids: Sequence[int]
+    pad_token_id: int
+
+
 def sample_with_kv_cache(
     model: Any,
     base_model: Any,
     input_ids: Tensor,
     attention_mask: Tensor,
     *,
-    max_new_tokens: int,
-    temperature: float,
-    eos_token_ids: Sequence[int],
-    pad_token_id: int,
-    min_new_tokens: int = 0,
+    settings: SamplingSettings,
+    stop: StopTokens,
     with_log_probs: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """Sample up to ``max_new_tokens`` tokens after each left-padded prompt (module docstring).
+    """Sample up to ``settings.max_new_tokens`` tokens after each left-padded prompt (module
+    docstring), at ``settings.temperature`` with the EOS banned for the first
+    ``settings.min_new_tokens`` steps (the loop reads only these three settings: call it where
+    ``settings.only_temperature``).
 
     ``model``: the model to call (a PEFT wrapper applies its adapter); ``base_model``: the Hugging
     Face model under it (``model`` itself without PEFT), whose config and forward signature are
     read. ``input_ids``, ``attention_mask``: (n, P) on the model's device. Returns the (n, T)
-    sampled ids (``pad_token_id`` after a row's EOS; T <= max_new_tokens, the steps taken) and,
-    with ``with_log_probs``, their (n, T) float32 log-probs under the distribution each was
+    sampled ids (``stop.pad_token_id`` after a row's EOS; T <= max_new_tokens, the steps taken)
+    and, with ``with_log_probs``, their (n, T) float32 log-probs under the distribution each was
     drawn from (else None). Call it under ``torch.inference_mode()`` or ``no_grad()``.
     """
+    max_new_tokens, temperature = settings.max_new_tokens, settings.temperature
+    min_new_tokens, (eos_token_ids, pad_token_id) = settings.min_new_tokens, stop
     cache_key, prefill_extra, takes_positions = _forward_keywords(base_model)
     cache = _new_cache(require("transformers"), base_model)
 

@@ -33,10 +33,18 @@ logger = logging.getLogger(__name__)
 
 # the sampling fields of a GenerationConfig and the values at which they change nothing
 _NEUTRAL: dict[str, Any] = {
-    "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0,
-    "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "repetition_penalty": 1.0,
-    "no_repeat_ngram_size": 0, "bad_words_ids": None, "suppress_tokens": None,
-}  # fmt: skip
+    "temperature": 1.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "min_p": 0.0,
+    "typical_p": 1.0,
+    "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0,
+    "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "bad_words_ids": None,
+    "suppress_tokens": None,
+}
 
 
 def checkpoint_sampling_settings(model: Any) -> dict[str, Any]:

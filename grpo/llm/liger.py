@@ -128,9 +128,19 @@ def compile_liger_loss(device: torch.device, torch_version: str = torch.__versio
 
 
 OMITTED_METRICS: frozenset[str] = frozenset(
-    {"loss/policy", "loss/kl", "loss/entropy", "kl/old", "policy/entropy", "ratio/mean", "ratio/min",
-     "ratio/max", "clip/frac_low", "clip/frac_high"}
-)  # fmt: skip
+    {
+        "loss/policy",
+        "loss/kl",
+        "loss/entropy",
+        "kl/old",
+        "policy/entropy",
+        "ratio/mean",
+        "ratio/min",
+        "ratio/max",
+        "clip/frac_low",
+        "clip/frac_high",
+    }
+)
 """Update metrics `GRPOTrainer` does not report with ``use_liger_loss`` (Liger's loss gives only
 the loss, its clipped share, low and high together, reported as ``clip/frac``, and the KL to the
 reference when it is in the loss, ``kl/ref``)."""
@@ -211,9 +221,15 @@ class LigerGRPOLoss:
         if temperature is not None:
             self.loss.temperature = temperature
         loss, metrics = self.loss(
-            hidden, weight, targets, mask.to(hidden.dtype), advantages, bias,
-            ref_per_token_logps=logp_ref, old_per_token_logps=logp_old,
-        )  # fmt: skip
+            hidden,
+            weight,
+            targets,
+            mask.to(hidden.dtype),
+            advantages,
+            bias,
+            ref_per_token_logps=logp_ref,
+            old_per_token_logps=logp_old,
+        )
         if normaliser is None:
             normaliser = aggregation_normaliser(mask, self.aggregation, constant=self.loss_normaliser)
         own: Tensor | float = float(mask.shape[0])  # Liger's "grpo": rows, empty ones included
@@ -244,10 +260,17 @@ class LigerGRPOLoss:
         k3 KL to the reference when it is in the loss); the others are NaN and left out of the
         metrics (`OMITTED_METRICS`). ``mask``: the loss mask (inputs.mask without dropped rows)."""
         loss, metrics = self(
-            inputs.hidden, inputs.weight, inputs.targets, mask, advantages, bias=inputs.bias,
-            logp_old=logp_old, logp_ref=logp_ref if self.loss.use_ref_model else None,
-            normaliser=normaliser, temperature=inputs.temperature,
-        )  # fmt: skip
+            inputs.hidden,
+            inputs.weight,
+            inputs.targets,
+            mask,
+            advantages,
+            bias=inputs.bias,
+            logp_old=logp_old,
+            logp_ref=logp_ref if self.loss.use_ref_model else None,
+            normaliser=normaliser,
+            temperature=inputs.temperature,
+        )
         nan = torch.full((), float("nan"), device=loss.device)
         steps = mask.sum().to(torch.float32)
         kl = metrics[0].float() * steps if self.loss.use_ref_model else torch.zeros_like(steps)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -46,26 +46,61 @@ __all__ = [
 ]
 
 
+class _Head(NamedTuple):
+    """The LM head: ``weight`` (V, H) and ``bias`` (V,) or None."""
+
+    weight: Tensor
+    bias: Tensor | None
+
+
+class _LogitTransform(NamedTuple):
+    """How raw logits ``h W^T + b`` become the scored ones: times ``logit_scale``, soft-capped
+    (``c * tanh(z / c)`` with ``c = softcap``; None: not capped), times ``inv_temperature``."""
+
+    inv_temperature: float
+    logit_scale: float
+    softcap: float | None
+
+
+class _RowStats(NamedTuple):
+    """A chunk's forward statistics kept for the backward: ``lse = logsumexp(z)`` (c,) and
+    ``mean = E_p[z]`` (c,) (zeros without entropy)."""
+
+    lse: Tensor
+    mean: Tensor
+
+
+class _Upstream(NamedTuple):
+    """The gradients arriving at a chunk's outputs: ``g_logp`` (c,) and ``g_ent`` (c,) or None
+    (the entropy gets no gradient)."""
+
+    g_logp: Tensor
+    g_ent: Tensor | None
+
+
+class _ChunkSettings(NamedTuple):
+    """The non-tensor settings of `_ChunkedLogProbs`: ``scale = logit_scale / temperature``,
+    ``chunk`` rows per chunk, whether the entropy is computed, whether the compiled kernels run."""
+
+    scale: float
+    chunk: int
+    with_entropy: bool
+    compiled: bool
+
+
 def _chunk_stats(
-    h: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    targets: Tensor,
-    inv_temperature: float,
-    logit_scale: float,
-    softcap: float | None,
-    with_entropy: bool,
+    h: Tensor, head: _Head, targets: Tensor, transform: _LogitTransform, with_entropy: bool
 ) -> tuple[Tensor, Tensor]:
     """Log-prob of ``targets`` and entropy for one chunk. Shapes: h (c, H), targets (c,) -> (c,), (c,)."""
-    logits = F.linear(h, weight, bias)  # (c, V)
+    logits = F.linear(h, head.weight, head.bias)  # (c, V)
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()  # softmax statistics in float32 even for half-precision weights
-    if logit_scale != 1.0:
-        logits = logits * logit_scale
-    if softcap is not None:
-        logits = torch.tanh(logits / softcap) * softcap
-    if inv_temperature != 1.0:
-        logits = logits * inv_temperature
+    if transform.logit_scale != 1.0:
+        logits = logits * transform.logit_scale
+    if transform.softcap is not None:
+        logits = torch.tanh(logits / transform.softcap) * transform.softcap
+    if transform.inv_temperature != 1.0:
+        logits = logits * transform.inv_temperature
     lse = torch.logsumexp(logits, dim=-1)  # (c,)
     logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     if not with_entropy:
@@ -89,16 +124,9 @@ class _ChunkedLogProbs(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any,
-        h: Tensor,
-        weight: Tensor,
-        bias: Tensor | None,
-        y: Tensor,
-        scale: float,
-        chunk: int,
-        with_entropy: bool,
-        compiled: bool = False,
+        ctx: Any, h: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, settings: _ChunkSettings
     ) -> tuple[Tensor, Tensor]:
+        scale, chunk, with_entropy, compiled = settings
         n = h.shape[0]
         acc = torch.promote_types(h.dtype, torch.float32)
         logp = h.new_empty(n, dtype=acc)
@@ -122,7 +150,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
             if with_entropy:
                 mean_all[s : s + chunk], ent[s : s + chunk] = mean_c, lse_c - mean_c
         ctx.save_for_backward(h, weight, bias, y, lse_all, mean_all)
-        ctx.scale, ctx.chunk, ctx.with_entropy, ctx.compiled = scale, chunk, with_entropy, compiled
+        ctx.settings = settings
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None: skipped
         return logp, ent
 
@@ -130,26 +158,23 @@ class _ChunkedLogProbs(torch.autograd.Function):
     def backward(ctx: Any, g_logp: Tensor | None, g_ent: Tensor | None) -> Any:
         h, weight, bias, y, lse_all, mean_all = ctx.saved_tensors
         if g_logp is None and g_ent is None:
-            return None, None, None, None, None, None, None, None
+            return None, None, None, None, None
         if g_logp is None:
             g_logp = torch.zeros_like(lse_all)
-        use_ent = ctx.with_entropy and g_ent is not None  # no gradient reached the entropy: skip
-        scale, chunk = ctx.scale, ctx.chunk
+        scale, chunk, with_entropy, compiled = ctx.settings
+        use_ent = with_entropy and g_ent is not None  # no gradient reached the entropy: skip
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.zeros_like(h) if need_h else None
         acc = lse_all.dtype
         grad_w = torch.zeros_like(weight, dtype=acc) if need_w else None
         grad_b = torch.zeros_like(bias, dtype=acc) if need_b and bias is not None else None
-        kernels = compiled_chunk_kernels() if ctx.compiled else None
+        logit_grad = compiled_chunk_kernels().logit_grad if compiled else _logit_grad
+        head = _Head(weight, bias)
         for s in range(0, h.shape[0], chunk):
             hc, sl = h[s : s + chunk], slice(s, s + chunk)
             g_e = g_ent[sl] if use_ent and g_ent is not None else None
-            if kernels is not None:
-                z = kernels.logit_grad(
-                    hc, weight, bias, y[sl], lse_all[sl], mean_all[sl], g_logp[sl], g_e, scale
-                )
-            else:
-                z = _logit_grad(hc, weight, bias, y[sl], lse_all[sl], mean_all[sl], g_logp[sl], g_e, scale)
+            stats = _RowStats(lse_all[sl], mean_all[sl])
+            z = logit_grad(hc, head, y[sl], stats, _Upstream(g_logp[sl], g_e), scale)
             if grad_h is not None:
                 grad_h[s : s + chunk] = (z.to(weight.dtype) @ weight).to(h.dtype)
             if grad_w is not None:
@@ -159,26 +184,19 @@ class _ChunkedLogProbs(torch.autograd.Function):
             del z  # before the next chunk's buffers are allocated
         gw = grad_w.to(weight.dtype) if grad_w is not None else None
         gb = grad_b.to(bias.dtype) if grad_b is not None else None
-        return grad_h, gw, gb, None, None, None, None, None
+        return grad_h, gw, gb, None, None
 
 
 def _logit_grad(
-    h: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    y: Tensor,
-    lse: Tensor,
-    mean: Tensor,
-    g_logp: Tensor,
-    g_ent: Tensor | None,
-    scale: float,
+    h: Tensor, head: _Head, y: Tensor, stats: _RowStats, upstream: _Upstream, scale: float
 ) -> Tensor:
     """The gradient w.r.t. the chunk's pre-scale logits, in place in the recomputed logits' buffer::
 
         g_z = (g_lp (onehot(y) - p) - g_H p (z - E_p[z])) * scale
 
-    Shapes: h (c, H), y / lse / mean / g_logp / g_ent (c,) -> (c, V) float32."""
-    z = _logits(h, weight, bias, scale)  # (c, V) float32
+    Shapes: h (c, H), y (c,), stats and upstream of (c,) rows -> (c, V) float32."""
+    (lse, mean), (g_logp, g_ent) = stats, upstream
+    z = _logits(h, head.weight, head.bias, scale)  # (c, V) float32
     gl = g_logp.unsqueeze(-1).to(z.dtype)
     if g_ent is not None:
         p = (z - lse.unsqueeze(-1)).exp_()  # a second (c, V) buffer: the entropy term needs z too
@@ -236,18 +254,11 @@ def _forward_stats_pure(
 
 
 def _logit_grad_pure(
-    h: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    y: Tensor,
-    lse: Tensor,
-    mean: Tensor,
-    g_logp: Tensor,
-    g_ent: Tensor | None,
-    scale: float,
+    h: Tensor, head: _Head, y: Tensor, stats: _RowStats, upstream: _Upstream, scale: float
 ) -> Tensor:
     """`_logit_grad` without in-place ops (for `torch.compile`): the same formula, (c, V) float32."""
-    z = F.linear(h, weight, bias).float() * scale
+    (lse, mean), (g_logp, g_ent) = stats, upstream
+    z = F.linear(h, head.weight, head.bias).float() * scale
     p = torch.exp(z - lse.unsqueeze(-1))
     gl = g_logp.unsqueeze(-1).float()
     g = -gl * p
@@ -262,7 +273,7 @@ class ChunkKernels:
 
     Attributes:
         forward: ``(h, weight, bias, y, scale, with_entropy) -> (log p(y), lse, E_p[z])``.
-        logit_grad: ``(h, weight, bias, y, lse, mean, g_logp, g_ent, scale) -> g_z`` (c, V).
+        logit_grad: ``(h, head, y, stats, upstream, scale) -> g_z`` (c, V) (see `_logit_grad`).
     """
 
     def __init__(self, forward: Callable[..., Any], logit_grad: Callable[..., Any]) -> None:
@@ -330,12 +341,12 @@ def chunked_token_logprobs(
         _check_compiled(chunk_size, softcap)
     if softcap is None and (size < n or compiled):
         # Hand-written backward: no per-chunk autograd graph, one or two (chunk, V) buffers.
-        lp_flat, ent_flat = _ChunkedLogProbs.apply(  # type: ignore[no-untyped-call]
-            h, weight, bias, y, logit_scale * inv_t, size, with_entropy, compiled
-        )
+        settings = _ChunkSettings(logit_scale * inv_t, size, with_entropy, compiled)
+        lp_flat, ent_flat = _ChunkedLogProbs.apply(h, weight, bias, y, settings)  # type: ignore[no-untyped-call]
         return lp_flat.reshape(lead), (ent_flat.reshape(lead) if with_entropy else None)
+    transform = _LogitTransform(inv_t, logit_scale, softcap)
     logp, entropy = _autograd_chunks(
-        h, weight, bias, y, size, inv_t, logit_scale, softcap, with_entropy, recompute=recompute and size < n
+        h, _Head(weight, bias), y, size, transform, with_entropy, recompute=recompute and size < n
     )
     return logp.reshape(lead), (entropy.reshape(lead) if entropy is not None else None)
 
@@ -384,13 +395,10 @@ def _check_logprob_inputs(hidden: Tensor, targets: Tensor, temperature: float) -
 
 def _autograd_chunks(
     h: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
+    head: _Head,
     y: Tensor,
     size: int,
-    inv_t: float,
-    logit_scale: float,
-    softcap: float | None,
+    transform: _LogitTransform,
     with_entropy: bool,
     *,
     recompute: bool,
@@ -402,20 +410,9 @@ def _autograd_chunks(
     for start in range(0, max(h.shape[0], 1), size):
         hc, yc = h[start : start + size], y[start : start + size]
         if recompute:
-            lp, ent = checkpoint(
-                _chunk_stats,
-                hc,
-                weight,
-                bias,
-                yc,
-                inv_t,
-                logit_scale,
-                softcap,
-                with_entropy,
-                use_reentrant=False,
-            )
+            lp, ent = checkpoint(_chunk_stats, hc, head, yc, transform, with_entropy, use_reentrant=False)
         else:
-            lp, ent = _chunk_stats(hc, weight, bias, yc, inv_t, logit_scale, softcap, with_entropy)
+            lp, ent = _chunk_stats(hc, head, yc, transform, with_entropy)
         logps.append(lp)
         ents.append(ent)
     return torch.cat(logps), (torch.cat(ents) if with_entropy else None)

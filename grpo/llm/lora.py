@@ -49,12 +49,24 @@ REFERENCE_ADAPTER = "reference"
 # LoraConfig fields that do not change what a saved adapter computes or how its tensors are shaped
 IGNORED_LORA_FIELDS = frozenset(
     {
-        "base_model_name_or_path", "revision", "inference_mode", "init_lora_weights", "runtime_config",
+        "base_model_name_or_path",
+        "revision",
+        "inference_mode",
+        "init_lora_weights",
+        "runtime_config",
         "task_type",
-        "peft_version", "auto_mapping", "megatron_config", "megatron_core", "loftq_config",
-        "eva_config", "corda_config", "lora_ga_config", "kasa_config", "monteclora_config",
+        "peft_version",
+        "auto_mapping",
+        "megatron_config",
+        "megatron_core",
+        "loftq_config",
+        "eva_config",
+        "corda_config",
+        "lora_ga_config",
+        "kasa_config",
+        "monteclora_config",
     }
-)  # fmt: skip
+)
 # fields merged as a union of names by `merged_lora_config`
 UNION_FIELDS = ("target_modules", "modules_to_save")
 

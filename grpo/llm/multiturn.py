@@ -303,10 +303,17 @@ class _Episode:
 
     def conversation(self, temperature: float) -> Conversation:
         return Conversation(
-            self.prompt_ids, torch.tensor(self.tokens, dtype=torch.long),
-            torch.tensor(self.model, dtype=torch.bool), torch.tensor(self.turn_of, dtype=torch.long),
-            self.rewards, self.messages, self.finished, self.truncated, temperature, self.infos,
-        )  # fmt: skip
+            self.prompt_ids,
+            torch.tensor(self.tokens, dtype=torch.long),
+            torch.tensor(self.model, dtype=torch.bool),
+            torch.tensor(self.turn_of, dtype=torch.long),
+            self.rewards,
+            self.messages,
+            self.finished,
+            self.truncated,
+            temperature,
+            self.infos,
+        )
 
 
 class MultiTurnPolicy:
@@ -527,8 +534,10 @@ class MultiTurnPolicy:
                 "MultiTurnPolicy: the chat template renders a turn differently after %d messages "
                 "than after the first ones (%r vs %r): it depends on the turns before, so every "
                 "turn is now rendered from the whole conversation (incremental_deltas=False).",
-                len(ep.messages), full[-80:], text[-80:],
-            )  # fmt: skip
+                len(ep.messages),
+                full[-80:],
+                text[-80:],
+            )
             self.incremental_deltas = False
         return full
 

@@ -35,7 +35,7 @@ from grpo.engine.distributed import get_world_size, is_main_process
 from grpo.engine.fsdp import full_state_dict, is_fsdp_sharded, run_as_forward
 from grpo.llm._deps import require
 from grpo.llm.data import is_chat, prompt_text
-from grpo.llm.decode import sample_with_kv_cache
+from grpo.llm.decode import StopTokens, sample_with_kv_cache
 from grpo.llm.generation_defaults import log_unapplied_checkpoint_settings, model_generation_defaults_off
 from grpo.llm.logprobs import checked_compile_option, chunked_token_logprobs
 from grpo.llm.lora import REFERENCE_ADAPTER, SeparateAdapterReference, add_reference_adapter
@@ -116,10 +116,9 @@ def _completion_from_lists(
 ) -> Completion:
     """`Completion.__reduce__`'s inverse: int64 (and bool) tensors on CPU."""
     mask = None if loss_mask is None else torch.tensor(loss_mask, dtype=torch.bool)
-    return Completion(
-        torch.tensor(prompt_ids, dtype=torch.long), torch.tensor(token_ids, dtype=torch.long), text,
-        finished, temperature, min_new_tokens, mask,
-    )  # fmt: skip
+    prompt = torch.tensor(prompt_ids, dtype=torch.long)
+    tokens = torch.tensor(token_ids, dtype=torch.long)
+    return Completion(prompt, tokens, text, finished, temperature, min_new_tokens, mask)
 
 
 def _is_peft(model: Any) -> bool:
@@ -246,6 +245,15 @@ def _renormalised_without_eos(
         ent_q = (ent + (log_pe.exp() * log_pe).sum(-1)) / log_rest.exp() + log_rest
         entropy = torch.cat([torch.where(b, ent_q, ent), entropy[:, m:]], dim=1)
     return logp, entropy
+
+
+class _SamplingCall(NamedTuple):
+    """How one ``generate`` call (or KV-cache loop) samples: the ``GenerationConfig``, the
+    sampling settings, and ``synced`` (every process steps until all are done: ZeRO-3 / FSDP)."""
+
+    gen_cfg: Any
+    opts: SamplingSettings
+    synced: bool
 
 
 class _ScoringInputs(NamedTuple):
@@ -538,7 +546,6 @@ class CausalLMPolicy:
             raise ValueError(f"generate_from_ids: every budget must be >= 1 new token, got {min(budgets)}.")
         transformers = require("transformers")
         rows, row_budgets = list(contexts), [int(b) for b in budgets]
-        device = self.device
         # ZeRO-3 or FSDP on several processes: every forward all-gathers weights, so every rank
         # keeps stepping until all ranks' sequences are done (rows that finished only get padding).
         synced = self.is_partitioned and get_world_size() > 1
@@ -546,19 +553,12 @@ class CausalLMPolicy:
         out: list[Completion] = []
         t0 = time.perf_counter()
         n_tokens = 0
-        eos = torch.tensor(self.eos_token_ids)
         for start in range(0, len(rows), chunk):
             part_budgets = row_budgets[start : start + chunk]
             gen_cfg = self._generation_config(transformers, opts.replace(max_new_tokens=max(part_budgets)))
+            call = _SamplingCall(gen_cfg, opts, synced)
             completions = self._generate_rows(
-                rows[start : start + chunk],
-                gen_cfg,
-                synced,
-                device,
-                eos,
-                part_budgets,
-                opts,
-                sampler_log_probs,
+                rows[start : start + chunk], part_budgets, call, sampler_log_probs
             )
             n_tokens += sum(len(c) for c in completions)
             out.extend(completions)
@@ -586,20 +586,18 @@ class CausalLMPolicy:
     def _generate_rows(
         self,
         part: Sequence[Tensor],
-        gen_cfg: Any,
-        synced: bool,
-        device: torch.device,
-        eos: Tensor,
         budgets: Sequence[int],
-        opts: SamplingSettings,
+        call: _SamplingCall,
         sampler_log_probs: list[Tensor] | None = None,
     ) -> list[Completion]:
         """One ``generate`` call on the prompt rows ``part``: a `Completion` per row, cut after its
-        first token in ``eos`` or at its budget (``budgets[i]`` tokens; the first tokens of a longer
-        sample are a sample of the shorter length: the cut changes no distribution)."""
+        first EOS token or at its budget (``budgets[i]`` tokens; the first tokens of a longer
+        sample are a sample of the shorter length: the cut changes no distribution). The sampler
+        log-probs (n, T') are appended to ``sampler_log_probs`` when it is a list."""
+        opts, device, eos = call.opts, self.device, torch.tensor(self.eos_token_ids)
         ids, attn = self._left_pad(part)
-        comp, logp = self._sample_ids(ids.to(device), attn.to(device), gen_cfg, opts, synced,
-                                      sampler_log_probs is not None)  # fmt: skip
+        with_log_probs = sampler_log_probs is not None
+        comp, logp = self._sample_ids(ids.to(device), attn.to(device), call, with_log_probs)
         comp = comp.cpu()  # (n, T') completion ids, padded after the first EOS
         if logp is not None and sampler_log_probs is not None:
             sampler_log_probs.append(logp.cpu().clone())  # (n, T'); clone: no inference tensor
@@ -616,13 +614,7 @@ class CausalLMPolicy:
         ]
 
     def _sample_ids(
-        self,
-        ids: Tensor,
-        attn: Tensor,
-        gen_cfg: Any,
-        opts: SamplingSettings,
-        synced: bool,
-        with_log_probs: bool,
+        self, ids: Tensor, attn: Tensor, call: _SamplingCall, with_log_probs: bool
     ) -> tuple[Tensor, Tensor | None]:
         """(n, T') ids sampled after the left-padded prompts ``ids`` (n, P) (pad after a row's
         EOS) and, with ``with_log_probs``, their (n, T') sampler log-probs: by the KV-cache loop
@@ -631,15 +623,19 @@ class CausalLMPolicy:
         # inference mode (9 % faster decoding on a tiny CPU model than no_grad) except where
         # ZeRO-3 / FSDP gather weights during generation: tensors they allocate here would be
         # inference tensors in the training forward. What leaves `_generate_rows` is built outside.
+        gen_cfg, opts, synced = call
         no_autograd = torch.no_grad() if self.is_partitioned else torch.inference_mode()
         if self.uses_kv_loop(opts, synced):
             with no_autograd, self._autocast():
                 return sample_with_kv_cache(
-                    self.model, self._causal_lm(), ids, attn,
-                    max_new_tokens=int(gen_cfg.max_new_tokens), temperature=opts.temperature,
-                    eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
-                    min_new_tokens=opts.min_new_tokens, with_log_probs=with_log_probs,
-                )  # fmt: skip
+                    self.model,
+                    self._causal_lm(),
+                    ids,
+                    attn,
+                    settings=opts.replace(max_new_tokens=int(gen_cfg.max_new_tokens)),
+                    stop=StopTokens(self.eos_token_ids, self.pad_token_id),
+                    with_log_probs=with_log_probs,
+                )
         transformers = require("transformers")
         recorder = ChosenTokenLogProbs(opts.temperature) if with_log_probs else None
         extra = {} if recorder is None else {"logits_processor": recorder.processors(transformers)}
@@ -711,11 +707,12 @@ class CausalLMPolicy:
         comps = list(actions)
         temperature = _scoring_temperature(comps)
         device = self.device
-        input_ids, attn, position_ids, targets, mask, p = self._scoring_inputs(comps, device)
-        ban = _eos_ban(comps, int(targets.shape[1]), device)  # min_new_tokens: EOS banned there
+        inputs = self._scoring_inputs(comps, device)
+        mask = inputs.mask
+        ban = _eos_ban(comps, int(inputs.targets.shape[1]), device)  # min_new_tokens: EOS banned there
 
         def forward() -> tuple[Tensor, Tensor | None]:
-            return self._score(input_ids, attn, position_ids, targets, p, temperature, with_entropy, ban)
+            return self._score(inputs, temperature, with_entropy, ban)
 
         def fsdp_forward() -> tuple[Tensor, Tensor | None]:
             # owned (N, T) tensors, not views: FSDP2 hooks its backward on the forward's outputs
@@ -786,63 +783,80 @@ class CausalLMPolicy:
 
     def _score(
         self,
-        input_ids: Tensor,
-        attn: Tensor,
-        position_ids: Tensor,
-        targets: Tensor,
-        p: int,
+        inputs: _ScoringInputs,
         temperature: float,
         with_entropy: EntropyRequest,
         ban: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """Log-probs (N, T) of ``targets`` and the entropy (or None), unmasked: the forward of
-        `evaluate_actions` (full logits, or the backbone then the chunked LM head). ``ban``
+        """Log-probs (N, T) of ``inputs.targets`` and the entropy (or None), unmasked: the forward
+        of `evaluate_actions` (full logits, or the backbone then the chunked LM head). ``ban``
         (N, T) bool: positions where the EOS ids were forbidden when sampling (min_new_tokens);
         there the distribution is the one renormalised without them."""
-        entropy: Tensor | None
         with self._autocast():
             if self.logprob_chunk_size is None:
-                logits = self.model(
-                    input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False
-                ).logits[:, p - 1 :]  # (N, T, V)
-                z = logits.float() / temperature
-                if ban is not None:  # -inf at the banned EOS logits
-                    z = z.masked_fill(ban.unsqueeze(-1) & self._eos_vocab(z), float("-inf"))
-                logp_all = torch.log_softmax(z, dim=-1)
-                logp, entropy = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1), None
-                if with_entropy:
-                    with entropy_grad_mode(with_entropy):
-                        finite = logp_all if ban is None else logp_all.masked_fill(z == float("-inf"), 0.0)
-                        entropy = -(logp_all.exp() * finite).sum(-1)
+                return self._score_full_logits(inputs, temperature, with_entropy, ban)
+            hidden = self._backbone()(
+                input_ids=inputs.input_ids,
+                attention_mask=inputs.attn,
+                position_ids=inputs.position_ids,
+                use_cache=False,
+            ).last_hidden_state[:, inputs.prompt_width - 1 :]  # (N, T, H)
+            head = self._head()
+            cfg = getattr(self._causal_lm(), "config", None)
+            scale = float(getattr(cfg, "logit_scale", None) or 1.0)
+            softcap = getattr(cfg, "final_logit_softcapping", None)
+            head_logits = _HeadLogits(head.weight, head.bias, scale, softcap, temperature)
+            targets = inputs.targets
+
+            def score(h: Tensor) -> tuple[Tensor, Tensor | None]:
+                lp, ent = chunked_token_logprobs(
+                    h,
+                    head.weight,
+                    targets,
+                    bias=head.bias,
+                    temperature=temperature,
+                    chunk_size=self.logprob_chunk_size,
+                    with_entropy=bool(with_entropy),
+                    logit_scale=scale,
+                    softcap=softcap,
+                    compiled=self.compile_logprobs,
+                )
+                if ban is None:
+                    return lp, ent
+                return _renormalised_without_eos(h, head_logits, targets, lp, ent, ban, self.eos_token_ids)
+
+            if is_partitioned(head):
+                logp, entropy = run_as_forward(head, score, hidden)
             else:
-                hidden = self._backbone()(
-                    input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False
-                ).last_hidden_state[:, p - 1 :]  # (N, T, H)
-                head = self._head()
-                cfg = getattr(self._causal_lm(), "config", None)
+                logp, entropy = score(hidden)
+            if entropy is not None and with_entropy == "no_grad":
+                entropy = entropy.detach()  # no gradient reaches its backward terms
+        return logp, entropy
 
-                scale = float(getattr(cfg, "logit_scale", None) or 1.0)
-                softcap = getattr(cfg, "final_logit_softcapping", None)
-
-                def score(h: Tensor) -> tuple[Tensor, Tensor | None]:
-                    lp, ent = chunked_token_logprobs(
-                        h, head.weight, targets, bias=head.bias, temperature=temperature,
-                        chunk_size=self.logprob_chunk_size, with_entropy=bool(with_entropy),
-                        logit_scale=scale, softcap=softcap, compiled=self.compile_logprobs,
-                    )  # fmt: skip
-                    if ban is None:
-                        return lp, ent
-                    head_logits = _HeadLogits(head.weight, head.bias, scale, softcap, temperature)
-                    return _renormalised_without_eos(
-                        h, head_logits, targets, lp, ent, ban, self.eos_token_ids
-                    )
-
-                if is_partitioned(head):
-                    logp, entropy = run_as_forward(head, score, hidden)
-                else:
-                    logp, entropy = score(hidden)
-                if entropy is not None and with_entropy == "no_grad":
-                    entropy = entropy.detach()  # no gradient reaches its backward terms
+    def _score_full_logits(
+        self,
+        inputs: _ScoringInputs,
+        temperature: float,
+        with_entropy: EntropyRequest,
+        ban: Tensor | None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """`_score` from the model's full (N, T, V) logits (``logprob_chunk_size=None``); called
+        under the policy's autocast."""
+        logits = self.model(
+            input_ids=inputs.input_ids,
+            attention_mask=inputs.attn,
+            position_ids=inputs.position_ids,
+            use_cache=False,
+        ).logits[:, inputs.prompt_width - 1 :]  # (N, T, V)
+        z = logits.float() / temperature
+        if ban is not None:  # -inf at the banned EOS logits
+            z = z.masked_fill(ban.unsqueeze(-1) & self._eos_vocab(z), float("-inf"))
+        logp_all = torch.log_softmax(z, dim=-1)
+        logp, entropy = logp_all.gather(-1, inputs.targets.unsqueeze(-1)).squeeze(-1), None
+        if with_entropy:
+            with entropy_grad_mode(with_entropy):
+                finite = logp_all if ban is None else logp_all.masked_fill(z == float("-inf"), 0.0)
+                entropy = -(logp_all.exp() * finite).sum(-1)
         return logp, entropy
 
     def _eos_vocab(self, z: Tensor) -> Tensor:

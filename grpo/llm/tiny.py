@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import string
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -69,6 +69,19 @@ def tiny_eos_token_ids(tokenizer: Any) -> int | list[int]:
     return [eos, int(pad)]
 
 
+class _TinySizes(NamedTuple):
+    """The architecture sizes of a `build_tiny_model` model: vocabulary V, hidden width H,
+    layers, attention heads, key-value heads (None: heads // 2) and MLP width (None: 2 H);
+    the last two apply to llama and qwen2."""
+
+    vocab_size: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int | None
+    intermediate: int | None
+
+
 def build_tiny_model(
     directory: str | Path,
     tokenizer: Any,
@@ -100,24 +113,17 @@ def build_tiny_model(
         "eos_token_id": tiny_eos_token_ids(tokenizer),
         "pad_token_id": tokenizer.pad_token_id,
     }
-    model = _random_model(transformers, arch, v, hidden, layers, heads, kv_heads, intermediate, ids)
+    sizes = _TinySizes(v, hidden, layers, heads, kv_heads, intermediate)
+    model = _random_model(transformers, arch, sizes, ids)
     model.save_pretrained(str(directory))
     tokenizer.save_pretrained(str(directory))
     return transformers.AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
 
 
-def _random_model(
-    transformers: Any,
-    arch: str,
-    vocab_size: int,
-    hidden: int,
-    layers: int,
-    heads: int,
-    kv_heads: int | None,
-    intermediate: int | None,
-    ids: dict[str, Any],
-) -> Any:
-    """A randomly initialised ``arch`` model of `build_tiny_model` (its docstring has the sizes)."""
+def _random_model(transformers: Any, arch: str, sizes: _TinySizes, ids: dict[str, Any]) -> Any:
+    """A randomly initialised ``arch`` model of ``sizes`` with the token ids ``ids`` (bos, eos,
+    pad) in its config (`build_tiny_model`)."""
+    vocab_size, hidden, layers, heads, kv_heads, intermediate = sizes
     if arch in ("llama", "qwen2"):
         config_cls, model_cls = (
             (transformers.LlamaConfig, transformers.LlamaForCausalLM)

@@ -298,17 +298,22 @@ class Population:
         self._clone_slots(parents, elite)
         self._set_hyperparameters(new_hps, parents, mutations, elite)
         record = GenerationRecord(
-            self.generation, tuple(fitness), elite, tuple(parents), tuple(mutations),
-            tuple(dict(h) for h in new_hps), tuple(m.samples for m in self.members),
-        )  # fmt: skip
+            self.generation,
+            tuple(fitness),
+            elite,
+            tuple(parents),
+            tuple(mutations),
+            tuple(dict(h) for h in new_hps),
+            tuple(m.samples for m in self.members),
+        )
         self.history.append(record)
         self._write_sinks(step_metrics, record, steps)
         self.generation += 1
         self.step += steps
+        rounded = [round(f, 4) for f in fitness]
         logger.info(
-            "generation %d: fitness %s, elite %s, parents %s",
-            record.generation, [round(f, 4) for f in fitness], elite, parents,
-        )  # fmt: skip
+            "generation %d: fitness %s, elite %s, parents %s", record.generation, rounded, elite, parents
+        )
         return record
 
     def _check_new_hyperparameters(

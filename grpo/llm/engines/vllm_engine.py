@@ -56,7 +56,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -142,24 +142,28 @@ def sampling_params_kwargs(
     }
 
 
+class VLLMJob(NamedTuple):
+    """One generation job as `generated_from_samples` reads it: the states (B), their prompt ids
+    (B lists), the policy version loaded in vLLM, and the job's start (``time.perf_counter()``)."""
+
+    states: Any
+    prompts: list[list[int]]
+    version: int
+    t0: float
+
+
 def generated_from_samples(
-    policy: Any,
-    states: Any,
-    prompts: list[list[int]],
-    samples: Any,
-    opts: Any,
-    device: torch.device,
-    version: int,
-    t0: float,
+    policy: Any, job: VLLMJob, samples: Any, opts: Any, device: torch.device
 ) -> tuple[Generated, dict[str, float]]:
-    """vLLM's samples (B lists of G, from this process or a server) -> the `Generated` of policy
-    version ``version`` and the generation's figures (completion tokens, seconds since ``t0``)."""
+    """vLLM's samples (B lists of G, from this process or a server) for ``job`` -> the
+    `Generated` of policy version ``job.version`` and the generation's figures (completion
+    tokens, seconds since ``job.t0``)."""
     actions, logp = completions_and_log_probs(
-        policy.tokenizer, prompts, samples, policy.eos_token_ids, opts, device
+        policy.tokenizer, job.prompts, samples, policy.eos_token_ids, opts, device
     )
     tokens = sum(len(s.token_ids) for group in samples for s in group)
-    figures = {"completion_tokens": float(tokens), "seconds": time.perf_counter() - t0}
-    return Generated(states, actions, logp, version), figures
+    figures = {"completion_tokens": float(tokens), "seconds": time.perf_counter() - job.t0}
+    return Generated(job.states, actions, logp, job.version), figures
 
 
 def request_seeds(seed: int, job: int, num_prompts: int, group_size: int) -> list[int]:
@@ -530,9 +534,8 @@ class VLLMEngine:
         t0 = time.perf_counter()
         with preserved_global_rng():  # vLLM's CPU sampler draws from torch's global generator
             samples = _vllm_generate(self._vllm, self._llm, prompts, params, self._lora)
-        generated, self.last_generation = generated_from_samples(
-            self.policy, states, prompts, samples, opts, device, self._loaded_version, t0
-        )
+        job = VLLMJob(states, prompts, self._loaded_version, t0)
+        generated, self.last_generation = generated_from_samples(self.policy, job, samples, opts, device)
         return generated
 
     # ---- weights -----------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from torch import Tensor
 
 from grpo.generation.engine import Generated
 from grpo.llm.engines.vllm_engine import (
+    VLLMJob,
     VLLMSample,
     generated_from_samples,
     request_seeds,
@@ -57,9 +58,15 @@ logger = logging.getLogger(__name__)
 
 
 def completion_request(
-    model: str, prompt: Sequence[int], options: SamplingSettings, *, n: int, max_tokens: int,
-    eos_token_ids: Sequence[int], seed: int
-) -> dict[str, Any]:  # fmt: skip
+    model: str,
+    prompt: Sequence[int],
+    options: SamplingSettings,
+    *,
+    n: int,
+    max_tokens: int,
+    eos_token_ids: Sequence[int],
+    seed: int,
+) -> dict[str, Any]:
     """The JSON body of ``POST /v1/completions`` for G = ``n`` samples of one tokenised prompt:
     the in-process engine's sampling parameters, the token ids and the sampled tokens'
     log-probs in the answer."""
@@ -217,8 +224,9 @@ class VLLMServerEngine:
         t0 = time.perf_counter()
         answers = list(self._requests.map(lambda b: self._post("/v1/completions", b), bodies))
         samples = [samples_from_response(a) for a in answers]
+        job = VLLMJob(states, prompts, self._loaded_version, t0)
         generated, self.last_generation = generated_from_samples(
-            self.policy, states, prompts, samples, opts, self.policy.device, self._loaded_version, t0
+            self.policy, job, samples, opts, self.policy.device
         )
         return generated
 
