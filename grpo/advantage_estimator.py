@@ -249,9 +249,15 @@ class AdvantageEstimator:
         if "running" in (self.baseline, self.scale):
             running = self.running.setdefault(name, RunningMeanStd())
         return normalise_scores(
-            scores, group_ids, num_groups, baseline=self.baseline, scale=self.scale, eps=self.eps,
-            running=running, group_size=group_size,
-        )  # fmt: skip
+            scores,
+            group_ids,
+            num_groups,
+            baseline=self.baseline,
+            scale=self.scale,
+            eps=self.eps,
+            running=running,
+            group_size=group_size,
+        )
 
     def _clip_reward(self, r: Tensor) -> Tensor:
         r = r.detach().to(torch.float64)
@@ -435,9 +441,15 @@ class Advantages(NamedTuple):
 
 
 _REWARD_METRICS = (
-    "reward/mean", "reward/std", "reward/min", "reward/max",
-    "advantage/mean", "advantage/std", "advantage/min", "advantage/max",
-)  # fmt: skip
+    "reward/mean",
+    "reward/std",
+    "reward/min",
+    "reward/max",
+    "advantage/mean",
+    "advantage/std",
+    "advantage/min",
+    "advantage/max",
+)
 
 
 def with_statistics(

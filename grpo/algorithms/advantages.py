@@ -254,9 +254,15 @@ def normalise_scores(
         return _group_normalise(x.view(num_groups, group_size), scale == "group", eps).view(-1)
     x0 = x if x.dim() == 1 else x[:, 0]
     terms = affine_terms(
-        x0, group_ids, num_groups, baseline=baseline, scale=scale, eps=eps, running=running,
+        x0,
+        group_ids,
+        num_groups,
+        baseline=baseline,
+        scale=scale,
+        eps=eps,
+        running=running,
         group_size=group_size,
-    )  # fmt: skip
+    )
     if x.dim() == 1:
         adv = (x - terms.baseline) / terms.divisor
         return adv.masked_fill(terms.zero, 0.0)

@@ -513,10 +513,13 @@ class DataclassArgumentParser(argparse.ArgumentParser):
         self.spelled: dict[str, FieldOption] = {}  # spellings with mapped values: their own options
         if config_option is not None:
             self.add_argument(
-                config_option, dest="config", default=None, metavar="FILE",
+                config_option,
+                dest="config",
+                default=None,
+                metavar="FILE",
                 help="YAML (.yaml/.yml) or JSON file of option values, keys as the options' names "
                 "with '-' or '_'; options on the command line win.",
-            )  # fmt: skip
+            )
 
     def add_dataclass(
         self,
