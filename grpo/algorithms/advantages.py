@@ -117,9 +117,16 @@ class AffineTerms(NamedTuple):
     zero: Tensor  # (N,) bool
 
 
-def _group_sums(
-    x: Tensor, ids: Tensor, k: int, group_size: int | None = None
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+class _GroupSums(NamedTuple):
+    """The statistics of each of the k groups that the baselines and divisors read."""
+
+    members: Tensor  # (k,) float64, the number of members
+    total: Tensor  # (k,) float64, sum of the scores
+    mean: Tensor  # (k,) float64 (0 for an empty group)
+    all_equal: Tensor  # (k,) bool, every member's score is the same
+
+
+def _group_sums(x: Tensor, ids: Tensor, k: int, group_size: int | None = None) -> _GroupSums:
     """count, sum, mean and all-equal flag of each group, float64; x (N,) float64.
 
     ``group_size=G`` declares the group-major layout ``ids == arange(k).repeat_interleave(G)``
@@ -130,7 +137,7 @@ def _group_sums(
         total = xv.sum(1)
         xmin, xmax = torch.aminmax(xv, dim=1)
         count = torch.full((k,), float(group_size), dtype=torch.float64, device=x.device)
-        return count, total, total / group_size, xmax == xmin
+        return _GroupSums(count, total, total / group_size, xmax == xmin)
     count = torch.zeros(k, dtype=torch.float64, device=x.device).index_add_(0, ids, torch.ones_like(x))
     total = torch.zeros(k, dtype=torch.float64, device=x.device).index_add_(0, ids, x)
     mean = total / count.clamp(min=1.0)
@@ -140,7 +147,7 @@ def _group_sums(
     xmin = torch.full((k,), torch.inf, dtype=torch.float64, device=x.device).scatter_reduce_(
         0, ids, x, reduce="amin"
     )
-    return count, total, mean, xmax == xmin
+    return _GroupSums(count, total, mean, xmax == xmin)
 
 
 def affine_terms(
@@ -165,18 +172,18 @@ def affine_terms(
         raise ValueError(f"advantage_scale must be one of {ADVANTAGE_SCALES}, got {scale!r}.")
     x = scores.detach().to(torch.float64)
     ids = group_ids.long()
-    count, total, mean, all_equal = _group_sums(x, ids, num_groups, group_size)
+    sums = _group_sums(x, ids, num_groups, group_size)
     zero = torch.zeros_like(x, dtype=torch.bool)
     if "running" in (baseline, scale):
         if running is None:
             raise ValueError("running statistics were requested but no RunningMeanStd was given.")
         running.update(x)
-    b = _baseline_terms(baseline, x, ids, count, total, mean, running)
+    b = _baseline_terms(baseline, x, ids, sums, running)
     if baseline in ("group", "leave_one_out"):
-        zero = zero | all_equal[ids]  # leave_one_out: includes groups of one, nothing to leave out
-    d = _divisor_terms(scale, x, ids, count, mean, num_groups, group_size, eps, running)
+        zero = zero | sums.all_equal[ids]  # leave_one_out: includes groups of one, nothing to leave out
+    d = _divisor_terms(scale, x, ids, sums, group_size, eps, running)
     if scale == "group":
-        zero = zero | all_equal[ids]
+        zero = zero | sums.all_equal[ids]
     return AffineTerms(b, d, zero)
 
 
@@ -184,16 +191,14 @@ def _baseline_terms(
     baseline: AdvantageBaseline,
     x: Tensor,
     ids: Tensor,
-    count: Tensor,
-    total: Tensor,
-    mean: Tensor,
+    sums: _GroupSums,
     running: RunningMeanStd | None,
 ) -> Tensor:
     """``b_i`` of `affine_terms` from the group sums (`_group_sums`) or the running statistics."""
     if baseline == "group":
-        return mean[ids]
+        return sums.mean[ids]
     if baseline == "leave_one_out":
-        return (total[ids] - x) / (count[ids] - 1.0).clamp(min=1.0)
+        return (sums.total[ids] - x) / (sums.members[ids] - 1.0).clamp(min=1.0)
     if baseline == "batch":
         return x.mean().expand_as(x)
     if baseline == "running":
@@ -206,16 +211,15 @@ def _divisor_terms(
     scale: AdvantageScale,
     x: Tensor,
     ids: Tensor,
-    count: Tensor,
-    mean: Tensor,
-    num_groups: int,
+    sums: _GroupSums,
     group_size: int | None,
     eps: float,
     running: RunningMeanStd | None,
 ) -> Tensor:
     """``d_i`` of `affine_terms`: the group, batch or running std plus ``eps``, or 1."""
     if scale == "group":
-        dev = x - mean[ids]
+        count, num_groups = sums.members, sums.members.shape[0]
+        dev = x - sums.mean[ids]
         if group_size is not None and x.numel() == num_groups * group_size:
             ss = (dev * dev).view(num_groups, group_size).sum(1)
         else:
