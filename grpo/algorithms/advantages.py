@@ -40,6 +40,7 @@ __all__ = [
     "ADVANTAGE_SCALES",
     "REWARD_COMBINATIONS",
     "AdvantageBaseline",
+    "AdvantageNormalisation",
     "AdvantageScale",
     "RewardCombination",
     "RunningMeanStd",
@@ -56,6 +57,27 @@ AdvantageScale = Literal["group", "batch", "running", "none"]
 RewardCombination = Literal["sum", "per_component"]
 ADVANTAGE_BASELINES: tuple[str, ...] = ("group", "leave_one_out", "batch", "running", "none")
 ADVANTAGE_SCALES: tuple[str, ...] = ("group", "batch", "running", "none")
+
+
+class AdvantageNormalisation(NamedTuple):
+    """How scores ``x`` become advantages ``A = (x - b) / d`` (`GRPOConfig`'s
+    ``advantage_baseline``, ``advantage_scale``, ``advantage_eps``).
+
+    Attributes:
+        baseline: the source of ``b``, one of `ADVANTAGE_BASELINES`.
+        scale: the source of the std in ``d = std + eps`` (``d = 1`` for "none"), one of
+            `ADVANTAGE_SCALES`.
+        eps: added to the std.
+    """
+
+    baseline: AdvantageBaseline = "group"
+    scale: AdvantageScale = "group"
+    eps: float = 1e-6
+
+
+_GRPO_NORMALISATION = AdvantageNormalisation()  # GRPO's: (x - group mean) / (group std + 1e-6)
+
+
 REWARD_COMBINATIONS: tuple[str, ...] = ("sum", "per_component")
 
 
@@ -154,18 +176,17 @@ def affine_terms(
     scores: Tensor,
     group_ids: Tensor,
     num_groups: int,
+    normalisation: AdvantageNormalisation = _GRPO_NORMALISATION,
     *,
-    baseline: AdvantageBaseline = "group",
-    scale: AdvantageScale = "group",
-    eps: float = 1e-6,
     running: RunningMeanStd | None = None,
     group_size: int | None = None,
 ) -> AffineTerms:
     """Baseline and divisor of each sample from the sample scores (module docstring).
 
     Shapes: scores (N,), group_ids (N,) int -> each (N,). ``running`` is required (and updated with
-    ``scores`` first) when either source is "running".
+    ``scores`` first) when either source of ``normalisation`` is "running".
     """
+    baseline, scale, eps = normalisation
     if baseline not in ADVANTAGE_BASELINES:
         raise ValueError(f"advantage_baseline must be one of {ADVANTAGE_BASELINES}, got {baseline!r}.")
     if scale not in ADVANTAGE_SCALES:
@@ -239,10 +260,8 @@ def normalise_scores(
     scores: Tensor,
     group_ids: Tensor,
     num_groups: int,
+    normalisation: AdvantageNormalisation = _GRPO_NORMALISATION,
     *,
-    baseline: AdvantageBaseline = "group",
-    scale: AdvantageScale = "group",
-    eps: float = 1e-6,
     running: RunningMeanStd | None = None,
     group_size: int | None = None,
 ) -> Tensor:
@@ -251,22 +270,14 @@ def normalise_scores(
     For (N, T) scores (per-step returns) the baseline and divisor come from the sample scores
     ``x[:, 0]`` (each sample's whole return) and are applied to every step.
     """
+    baseline, scale, eps = normalisation
     x = scores.detach().to(torch.float64)
     uniform = group_size is not None and x.dim() == 1 and x.numel() == num_groups * group_size
     if uniform and baseline == "group" and scale in ("group", "none"):
         assert group_size is not None
         return _group_normalise(x.view(num_groups, group_size), scale == "group", eps).view(-1)
     x0 = x if x.dim() == 1 else x[:, 0]
-    terms = affine_terms(
-        x0,
-        group_ids,
-        num_groups,
-        baseline=baseline,
-        scale=scale,
-        eps=eps,
-        running=running,
-        group_size=group_size,
-    )
+    terms = affine_terms(x0, group_ids, num_groups, normalisation, running=running, group_size=group_size)
     if x.dim() == 1:
         adv = (x - terms.baseline) / terms.divisor
         return adv.masked_fill(terms.zero, 0.0)
@@ -379,19 +390,17 @@ def normalise_step_scores(
     mask: Tensor,
     group_ids: Tensor,
     num_groups: int,
-    *,
-    baseline: AdvantageBaseline = "group",
-    scale: AdvantageScale = "group",
-    eps: float = 1e-6,
+    normalisation: AdvantageNormalisation = _GRPO_NORMALISATION,
 ) -> Tensor:
     """Advantages of per-step scores (returns-to-go) ``x_it``: ``A_it = (x_it - b_it) / d_it``.
 
-    ``baseline``: "group" = the mean of x at step t over the members of the group that reach t
-    (a time-dependent group baseline), "none" = 0. ``scale``: "group" = their std at step t
+    ``normalisation.baseline``: "group" = the mean of x at step t over the members of the group that reach t
+    (a time-dependent group baseline), "none" = 0. ``normalisation.scale``: "group" = their std at step t
     (`per_step_group_advantages`), "batch" = the std of ``x - b`` over all valid steps of the
     batch, "none" = 1. Shapes: scores (N, T), mask (N, T) bool, group_ids (N,) -> (N, T) float64,
     0 on invalid steps. Raises ValueError for other sources (they describe one score per sample).
     """
+    baseline, scale, eps = normalisation
     if baseline not in STEP_BASELINES or scale not in STEP_SCALES:
         raise ValueError(
             f"per-step rewards support advantage_baseline in {STEP_BASELINES} and advantage_scale in "
