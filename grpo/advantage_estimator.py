@@ -33,6 +33,7 @@ from torch import Tensor
 
 from grpo.algorithms.advantages import (
     AdvantageBaseline,
+    AdvantageNormalisation,
     AdvantageScale,
     RewardCombination,
     RunningMeanStd,
@@ -229,6 +230,11 @@ class AdvantageEstimator:
         )
 
     @property
+    def normalisation(self) -> AdvantageNormalisation:
+        """``A = (x - b) / d``'s sources and eps, as they are now."""
+        return AdvantageNormalisation(self.baseline, self.scale, self.eps)
+
+    @property
     def needs_mask(self) -> bool:
         """Whitening counts valid steps, so the trainer must know the mask at advantage time."""
         return self.whiten_advantages
@@ -249,9 +255,8 @@ class AdvantageEstimator:
         if "running" in (self.baseline, self.scale):
             running = self.running.setdefault(name, RunningMeanStd())
         return normalise_scores(
-            scores, group_ids, num_groups, baseline=self.baseline, scale=self.scale, eps=self.eps,
-            running=running, group_size=group_size,
-        )  # fmt: skip
+            scores, group_ids, num_groups, self.normalisation, running=running, group_size=group_size
+        )
 
     def _clip_reward(self, r: Tensor) -> Tensor:
         r = r.detach().to(torch.float64)
@@ -393,9 +398,7 @@ class AdvantageEstimator:
         scores = discounted_returns(self._clip_reward(step_rewards), mask, self.gamma)
         if penalty_rtg is not None:
             scores = scores - penalty_rtg
-        return normalise_step_scores(
-            scores, mask, ids, num_groups, baseline=self.baseline, scale=self.scale, eps=self.eps
-        )
+        return normalise_step_scores(scores, mask, ids, num_groups, self.normalisation)
 
     def state_dict(self) -> dict[str, Tensor]:
         """Running statistics as flat ``{"<stream>.<count|mean|m2>": float64 scalar}``."""
@@ -435,9 +438,15 @@ class Advantages(NamedTuple):
 
 
 _REWARD_METRICS = (
-    "reward/mean", "reward/std", "reward/min", "reward/max",
-    "advantage/mean", "advantage/std", "advantage/min", "advantage/max",
-)  # fmt: skip
+    "reward/mean",
+    "reward/std",
+    "reward/min",
+    "reward/max",
+    "advantage/mean",
+    "advantage/std",
+    "advantage/min",
+    "advantage/max",
+)
 
 
 def with_statistics(

@@ -50,10 +50,13 @@ from grpo.algorithms.aggregation import (
 )
 from grpo.algorithms.clip_twin import ClipObjectiveSettings, clip_objective_twin
 from grpo.algorithms.kl import KL_ESTIMATORS, KLEstimator, KLFn, kl_estimate, kl_shaped_advantages
+from grpo.algorithms.objective_inputs import ObjectiveInputs
 from grpo.algorithms.objective_statistics import (
     N_AGGREGATED,
     STAT_NAMES,
     ConstantCache,
+    LossTerms,
+    StepWeights,
     aggregation_weights,
     objective_statistics,
 )
@@ -350,41 +353,36 @@ class GRPOObjective:
     def policy_term(self, logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor) -> PolicyLoss:
         """The per-step policy loss (n, T), its ratio and clip masks."""
         if self.loss_fn is not None:
-            out = self.loss_fn(logp, logp_old, advantages, mask)
-            if isinstance(out, PolicyLoss):
-                return out
-            if not isinstance(out, Tensor) or out.shape != logp.shape:
-                got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-                raise ValueError(
-                    f"loss_fn returned {got}; expected a per-step loss Tensor of shape "
-                    f"{tuple(logp.shape)} (same as logp), which the trainer aggregates."
-                )
-            with torch.no_grad():
-                ratio = torch.exp((logp - logp_old).clamp(-self.log_ratio_clamp, self.log_ratio_clamp))
-            return PolicyLoss(out, ratio)
-        c = self.log_ratio_clamp
-        name = self.policy_loss
-        if name == "clip":
-            return clip_loss(
-                logp, logp_old, advantages, mask, eps_low=self.eps_low, eps_high=self.eps_high,
-                dual_clip_c=self.dual_clip_c, log_ratio_clamp=c,
-            )  # fmt: skip
-        if name == "gspo":
-            return gspo_loss(
-                logp, logp_old, advantages, mask, eps_low=self.eps_low, eps_high=self.eps_high,
-                dual_clip_c=self.dual_clip_c, log_ratio_clamp=c,
-            )  # fmt: skip
+            return self._user_policy_term(self.loss_fn, logp, logp_old, advantages, mask)
+        c, name = self.log_ratio_clamp, self.policy_loss
+        lo, hi = self.eps_low, self.eps_high
+        args = (logp, logp_old, advantages, mask)
+        if name in ("clip", "gspo"):
+            loss = clip_loss if name == "clip" else gspo_loss
+            return loss(*args, eps_low=lo, eps_high=hi, dual_clip_c=self.dual_clip_c, log_ratio_clamp=c)
         if name == "cispo":
-            return cispo_loss(
-                logp, logp_old, advantages, mask, eps_low=self.eps_low, eps_high=self.eps_high,
-                log_ratio_clamp=c,
-            )  # fmt: skip
+            return cispo_loss(*args, eps_low=lo, eps_high=hi, log_ratio_clamp=c)
         if name == "sapo":
-            return sapo_loss(
-                logp, logp_old, advantages, mask, tau_pos=self.sapo_tau_pos, tau_neg=self.sapo_tau_neg,
-                log_ratio_clamp=c,
-            )  # fmt: skip
-        return reinforce_loss(logp, logp_old, advantages, mask, log_ratio_clamp=c)
+            return sapo_loss(*args, tau_pos=self.sapo_tau_pos, tau_neg=self.sapo_tau_neg, log_ratio_clamp=c)
+        return reinforce_loss(*args, log_ratio_clamp=c)
+
+    def _user_policy_term(
+        self, loss_fn: PolicyLossFn, logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor
+    ) -> PolicyLoss:
+        """`policy_term` of a user's ``loss_fn``: its `PolicyLoss`, or its per-step loss (n, T)
+        with the ratio computed here."""
+        out = loss_fn(logp, logp_old, advantages, mask)
+        if isinstance(out, PolicyLoss):
+            return out
+        if not isinstance(out, Tensor) or out.shape != logp.shape:
+            got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+            raise ValueError(
+                f"loss_fn returned {got}; expected a per-step loss Tensor of shape "
+                f"{tuple(logp.shape)} (same as logp), which the trainer aggregates."
+            )
+        with torch.no_grad():
+            ratio = torch.exp((logp - logp_old).clamp(-self.log_ratio_clamp, self.log_ratio_clamp))
+        return PolicyLoss(out, ratio)
 
     def kl_term(self, logp: Tensor, logp_ref: Tensor) -> Tensor:
         """Per-step KL(pi_theta || pi_ref) estimate (n, T), differentiable in ``logp``."""
@@ -434,13 +432,13 @@ class GRPOObjective:
             with torch.no_grad():
                 kl = self.kl_term(logp.detach(), logp_ref)
             advantages = kl_shaped_advantages(advantages, kl, self.kl_coeff)
+        inputs = ObjectiveInputs(logp, logp_old, advantages, mask, normaliser, logp_ref, entropy, is_weights)
         if self.uses_clip_twin:
             loss, stats, extremes = clip_objective_twin(
-                logp, logp_old, advantages, mask, normaliser, logp_ref, entropy, self._clip_settings(),
-                self._cache, on_policy=on_policy, is_weights=is_weights,
-            )  # fmt: skip
+                inputs, self._clip_settings(), self._cache, on_policy=on_policy
+            )
             return ObjectiveOutput(loss, stats, extremes)
-        return self.composed(logp, logp_old, advantages, mask, normaliser, logp_ref, entropy, is_weights)
+        return self.composed(inputs)
 
     @property
     def uses_clip_twin(self) -> bool:
@@ -453,26 +451,22 @@ class GRPOObjective:
     def _clip_settings(self) -> ClipObjectiveSettings:
         """The settings the "clip" twin (`grpo.algorithms.clip_twin`) reads, as they are now."""
         return ClipObjectiveSettings(
-            self.eps_low, self.eps_high, self.dual_clip_c, self.log_ratio_clamp, self.kl_estimator,
-            self.loss_kl_coeff, self.entropy_coeff, self.aggregation,
-        )  # fmt: skip
+            self.eps_low,
+            self.eps_high,
+            self.dual_clip_c,
+            self.log_ratio_clamp,
+            self.kl_estimator,
+            self.loss_kl_coeff,
+            self.entropy_coeff,
+            self.aggregation,
+        )
 
-    def composed(
-        self,
-        logp: Tensor,
-        logp_old: Tensor,
-        advantages: Tensor,
-        mask: Tensor,
-        normaliser: Tensor | float,
-        logp_ref: Tensor | None,
-        entropy: Tensor | None,
-        is_weights: Tensor | None,
-    ) -> ObjectiveOutput:
+    def composed(self, inputs: ObjectiveInputs) -> ObjectiveOutput:
         """The objective composed from the pure functions through autograd, for any loss and KL:
         the definition of the loss (module docstring); `__call__` takes it unless
-        `uses_clip_twin`. Arguments as `__call__`'s (``on_policy`` is not needed here)."""
+        `uses_clip_twin`. ``inputs``: `__call__`'s tensors (``on_policy`` is not needed here)."""
+        logp, logp_old, advantages, mask, z, logp_ref, entropy, is_weights = inputs
         mf = mask.to(logp.dtype)  # the one float mask, shared by every masked sum below
-        agg, z = self.aggregation, normaliser
         pg = self.policy_term(logp, logp_old, advantages, mask)
         if is_weights is not None:
             pg = pg._replace(loss=pg.loss * is_weights)
@@ -488,25 +482,34 @@ class GRPOObjective:
                     kl = self.kl_term(logp.detach(), logp_ref)
         if self.entropy_coeff != 0.0:
             per_step = per_step - self.entropy_coeff * entropy_bonus(logp, entropy)
-        loss = aggregate(per_step, mf, agg, z)
+        loss = aggregate(per_step, mf, self.aggregation, z)
         with torch.no_grad():
-            ratio = pg.ratio.detach()
-            rows = {
-                "policy": pg.loss.detach(),
-                "kl": kl.detach() if kl is not None else None,
-                "entropy": entropy.detach() if entropy is not None else logp.detach(),  # sign below
-                "clip_low": pg.clip_low,
-                "clip_high": pg.clip_high,
-                "ratio": ratio,
-                # log(ratio) for the built-in losses: the clamped log-ratio (a clamp is cheaper than a log)
-                "log_ratio": (logp.detach() - logp_old).clamp_(-self.log_ratio_clamp, self.log_ratio_clamp)
-                if self.loss_fn is None and self.policy_loss != "gspo"
-                else torch.log(ratio),
-                "logp": logp.detach(),
-            }
-            stats, extremes = objective_statistics(
-                rows, mask, mf, aggregation_weights(mf, z, agg), z, has_ref=logp_ref is not None,
-                entropy_is_logp=entropy is None, kl_coeff=beta, entropy_coeff=self.entropy_coeff,
-                cache=self._cache,
-            )  # fmt: skip
+            stats, extremes = self._statistics(inputs, mf, pg, kl)
         return ObjectiveOutput(loss, stats, extremes)
+
+    def _statistics(
+        self, inputs: ObjectiveInputs, mf: Tensor, pg: PolicyLoss, kl: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """`composed`'s statistics (under no_grad) from its policy term ``pg`` and KL ``kl`` (n, T)
+        or None; ``mf`` (n, T) the float mask."""
+        logp, logp_old, entropy = inputs.logp, inputs.logp_old, inputs.entropy
+        z = inputs.normaliser
+        ratio = pg.ratio.detach()
+        rows = {
+            "policy": pg.loss.detach(),
+            "kl": kl.detach() if kl is not None else None,
+            "entropy": entropy.detach() if entropy is not None else logp.detach(),  # sign below
+            "clip_low": pg.clip_low,
+            "clip_high": pg.clip_high,
+            "ratio": ratio,
+            # log(ratio) for the built-in losses: the clamped log-ratio (a clamp is cheaper than a log)
+            "log_ratio": (logp.detach() - logp_old).clamp_(-self.log_ratio_clamp, self.log_ratio_clamp)
+            if self.loss_fn is None and self.policy_loss != "gspo"
+            else torch.log(ratio),
+            "logp": logp.detach(),
+        }
+        weights = StepWeights(inputs.mask, mf, aggregation_weights(mf, z, self.aggregation), z)
+        terms = LossTerms(
+            inputs.logp_ref is not None, entropy is None, self.loss_kl_coeff, self.entropy_coeff
+        )
+        return objective_statistics(rows, weights, terms=terms, cache=self._cache)

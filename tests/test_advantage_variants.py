@@ -13,6 +13,7 @@ from grpo.advantage_estimator import AdvantageEstimator
 from grpo.algorithms.advantages import (
     ADVANTAGE_BASELINES,
     ADVANTAGE_SCALES,
+    AdvantageNormalisation,
     RunningMeanStd,
     normalise_scores,
     whiten,
@@ -75,7 +76,7 @@ def test_every_baseline_and_scale_matches_loop(baseline, scale):
     history = [0.3, -1.2, 2.0, 0.1]
     running = RunningMeanStd()
     running.update(torch.tensor(history, dtype=D))
-    got = normalise_scores(r, ids, k, baseline=baseline, scale=scale, eps=EPS, running=running)
+    got = normalise_scores(r, ids, k, AdvantageNormalisation(baseline, scale, EPS), running=running)
     assert torch.allclose(got, loop_advantages(r, ids, baseline, scale, history), atol=1e-12, rtol=1e-10)
     # a singleton group never gets its raw reward under group sources
     if baseline in ("group", "leave_one_out") or scale == "group":
@@ -86,8 +87,8 @@ def test_every_baseline_and_scale_matches_loop(baseline, scale):
 def test_rloo_is_rescaled_group_centering():
     r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.5], dtype=D)
     ids = torch.tensor([0, 0, 0, 0, 1, 1])
-    loo = normalise_scores(r, ids, 2, baseline="leave_one_out", scale="none")
-    grp = normalise_scores(r, ids, 2, baseline="group", scale="none")
+    loo = normalise_scores(r, ids, 2, AdvantageNormalisation("leave_one_out", "none"))
+    grp = normalise_scores(r, ids, 2, AdvantageNormalisation("group", "none"))
     assert torch.allclose(loo[:4], grp[:4] * 4 / 3)
     assert torch.allclose(loo[4:], grp[4:] * 2)
 

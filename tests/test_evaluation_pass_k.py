@@ -193,6 +193,22 @@ def test_success_component_and_threshold() -> None:
     assert ev_total["eval/pass@1"] < ev["eval/pass@1"]  # a correct arm 2 totals 1 - 0.1 < 0.92
 
 
+def test_evaluate_takes_an_eval_options_or_its_fields_as_keywords() -> None:
+    """``evaluate(..., options=EvalOptions(...))`` gives exactly what the same fields as keywords
+    give (same forked seed); both at once, or something else as options, is refused."""
+    trainer = make_trainer(reward=combined_reward())
+    states = bandit_states(6, seed=2)
+    kw: dict[str, Any] = {"group_size": 8, "ks": (1, 2), "success_component": "correct"}
+    by_keywords = trainer.evaluate(states, seed=5, **kw)
+    by_options = trainer.evaluate(states, seed=5, options=EvalOptions(**kw))
+    del by_keywords["time/eval"], by_options["time/eval"]
+    assert by_options == by_keywords
+    with pytest.raises(TypeError, match=r"options= and the EvalOptions fields \['ks'\]"):
+        trainer.evaluate(states, options=EvalOptions(group_size=8), ks=(1,))
+    with pytest.raises(TypeError, match=r"takes a grpo\.training\.evaluation\.EvalOptions, got dict"):
+        trainer.evaluate(states, options=kw)
+
+
 def test_evaluate_refuses_bad_options_before_sampling() -> None:
     trainer, policy = scripted_trainer()
     with pytest.raises(

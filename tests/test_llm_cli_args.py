@@ -120,6 +120,20 @@ class Sampling:
     ks: Sequence[int] = field(default=(), metadata={"help": "the k"})
 
 
+def test_add_dataclass_group_is_a_group_or_the_title_of_a_new_one() -> None:
+    """``group=`` takes an argument group of the parser or a title (a new group of that title);
+    None titles the new group with the class name. The options land in that group's help."""
+    p = DataclassArgumentParser(prog="toy", allow_abbrev=False)
+    p.add_dataclass(Toy, group="Toy knobs")
+    existing = p.add_argument_group("Sampling knobs")
+    p.add_dataclass(Sampling, group=existing, prefix="eval_")
+    p.add_dataclass(Sampling, prefix="train_")
+    titles = {g.title: [a.dest for a in g._group_actions] for g in p._action_groups}
+    assert "rate" in titles["Toy knobs"]
+    assert titles["Sampling knobs"] == ["eval_group_size", "eval_ks"]
+    assert titles["Sampling"] == ["train_group_size", "train_ks"]
+
+
 def test_prefixed_dataclass_lists_of_several_values_and_file_translation(tmp_path: Path) -> None:
     """prefix= puts a dataclass's options under a name space (the same field name twice, no
     clash); list and Sequence fields take several values after one flag, or the flag repeated;

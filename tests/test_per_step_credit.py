@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from grpo import GRPOConfig, GRPOTrainer, PolicyOutput
-from grpo.algorithms.advantages import normalise_step_scores
+from grpo.algorithms.advantages import AdvantageNormalisation, normalise_step_scores
 
 # ---- plain-loop references -------------------------------------------------------------------
 
@@ -83,7 +83,7 @@ def test_step_advantages_equal_a_plain_loop(seed: int, gamma: float, baseline: s
     rtg = discounted_returns(torch.tensor(rewards, dtype=torch.float64), mask, gamma)
     want_rtg = loop_returns(rewards, lengths, gamma)
     torch.testing.assert_close(rtg, torch.tensor(want_rtg, dtype=torch.float64))
-    got = normalise_step_scores(rtg, mask, torch.tensor(groups), k, baseline=baseline, scale=scale)  # type: ignore[arg-type]
+    got = normalise_step_scores(rtg, mask, torch.tensor(groups), k, AdvantageNormalisation(baseline, scale))  # type: ignore[arg-type]
     want = loop_advantages(want_rtg, lengths, groups, scale=scale)
     torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), atol=1e-9, rtol=1e-9)
 
@@ -91,7 +91,7 @@ def test_step_advantages_equal_a_plain_loop(seed: int, gamma: float, baseline: s
 def test_unsupported_sources_are_refused_with_the_supported_ones() -> None:
     x, mask = torch.zeros(4, 3), torch.ones(4, 3, dtype=torch.bool)
     with pytest.raises(ValueError, match=r"per-step rewards support advantage_baseline in .*'leave_one_out'"):
-        normalise_step_scores(x, mask, torch.tensor([0, 0, 1, 1]), 2, baseline="leave_one_out")
+        normalise_step_scores(x, mask, torch.tensor([0, 0, 1, 1]), 2, AdvantageNormalisation("leave_one_out"))
 
 
 # ---- through the trainer ------------------------------------------------------------------------
@@ -177,8 +177,12 @@ def test_step_advantages_ignore_a_positive_scale_and_a_shift_of_equal_length_epi
     ids = torch.arange(len(rewards)) // (len(rewards) // k)
     from grpo.algorithms.advantages import discounted_returns
 
-    base = normalise_step_scores(discounted_returns(r, mask, 0.95), mask, ids, k, eps=1e-12)
-    moved = normalise_step_scores(discounted_returns(2.5 * r - 7.0, mask, 0.95), mask, ids, k, eps=1e-12)
+    base = normalise_step_scores(
+        discounted_returns(r, mask, 0.95), mask, ids, k, AdvantageNormalisation(eps=1e-12)
+    )
+    moved = normalise_step_scores(
+        discounted_returns(2.5 * r - 7.0, mask, 0.95), mask, ids, k, AdvantageNormalisation(eps=1e-12)
+    )
     torch.testing.assert_close(base, moved, atol=1e-9, rtol=1e-9)
 
 

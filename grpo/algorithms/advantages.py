@@ -40,6 +40,7 @@ __all__ = [
     "ADVANTAGE_SCALES",
     "REWARD_COMBINATIONS",
     "AdvantageBaseline",
+    "AdvantageNormalisation",
     "AdvantageScale",
     "RewardCombination",
     "RunningMeanStd",
@@ -56,6 +57,27 @@ AdvantageScale = Literal["group", "batch", "running", "none"]
 RewardCombination = Literal["sum", "per_component"]
 ADVANTAGE_BASELINES: tuple[str, ...] = ("group", "leave_one_out", "batch", "running", "none")
 ADVANTAGE_SCALES: tuple[str, ...] = ("group", "batch", "running", "none")
+
+
+class AdvantageNormalisation(NamedTuple):
+    """How scores ``x`` become advantages ``A = (x - b) / d`` (`GRPOConfig`'s
+    ``advantage_baseline``, ``advantage_scale``, ``advantage_eps``).
+
+    Attributes:
+        baseline: the source of ``b``, one of `ADVANTAGE_BASELINES`.
+        scale: the source of the std in ``d = std + eps`` (``d = 1`` for "none"), one of
+            `ADVANTAGE_SCALES`.
+        eps: added to the std.
+    """
+
+    baseline: AdvantageBaseline = "group"
+    scale: AdvantageScale = "group"
+    eps: float = 1e-6
+
+
+_GRPO_NORMALISATION = AdvantageNormalisation()  # GRPO's: (x - group mean) / (group std + 1e-6)
+
+
 REWARD_COMBINATIONS: tuple[str, ...] = ("sum", "per_component")
 
 
@@ -117,9 +139,16 @@ class AffineTerms(NamedTuple):
     zero: Tensor  # (N,) bool
 
 
-def _group_sums(
-    x: Tensor, ids: Tensor, k: int, group_size: int | None = None
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+class _GroupSums(NamedTuple):
+    """The statistics of each of the k groups that the baselines and divisors read."""
+
+    members: Tensor  # (k,) float64, the number of members
+    total: Tensor  # (k,) float64, sum of the scores
+    mean: Tensor  # (k,) float64 (0 for an empty group)
+    all_equal: Tensor  # (k,) bool, every member's score is the same
+
+
+def _group_sums(x: Tensor, ids: Tensor, k: int, group_size: int | None = None) -> _GroupSums:
     """count, sum, mean and all-equal flag of each group, float64; x (N,) float64.
 
     ``group_size=G`` declares the group-major layout ``ids == arange(k).repeat_interleave(G)``
@@ -130,7 +159,7 @@ def _group_sums(
         total = xv.sum(1)
         xmin, xmax = torch.aminmax(xv, dim=1)
         count = torch.full((k,), float(group_size), dtype=torch.float64, device=x.device)
-        return count, total, total / group_size, xmax == xmin
+        return _GroupSums(count, total, total / group_size, xmax == xmin)
     count = torch.zeros(k, dtype=torch.float64, device=x.device).index_add_(0, ids, torch.ones_like(x))
     total = torch.zeros(k, dtype=torch.float64, device=x.device).index_add_(0, ids, x)
     mean = total / count.clamp(min=1.0)
@@ -140,43 +169,42 @@ def _group_sums(
     xmin = torch.full((k,), torch.inf, dtype=torch.float64, device=x.device).scatter_reduce_(
         0, ids, x, reduce="amin"
     )
-    return count, total, mean, xmax == xmin
+    return _GroupSums(count, total, mean, xmax == xmin)
 
 
 def affine_terms(
     scores: Tensor,
     group_ids: Tensor,
     num_groups: int,
+    normalisation: AdvantageNormalisation = _GRPO_NORMALISATION,
     *,
-    baseline: AdvantageBaseline = "group",
-    scale: AdvantageScale = "group",
-    eps: float = 1e-6,
     running: RunningMeanStd | None = None,
     group_size: int | None = None,
 ) -> AffineTerms:
     """Baseline and divisor of each sample from the sample scores (module docstring).
 
     Shapes: scores (N,), group_ids (N,) int -> each (N,). ``running`` is required (and updated with
-    ``scores`` first) when either source is "running".
+    ``scores`` first) when either source of ``normalisation`` is "running".
     """
+    baseline, scale, eps = normalisation
     if baseline not in ADVANTAGE_BASELINES:
         raise ValueError(f"advantage_baseline must be one of {ADVANTAGE_BASELINES}, got {baseline!r}.")
     if scale not in ADVANTAGE_SCALES:
         raise ValueError(f"advantage_scale must be one of {ADVANTAGE_SCALES}, got {scale!r}.")
     x = scores.detach().to(torch.float64)
     ids = group_ids.long()
-    count, total, mean, all_equal = _group_sums(x, ids, num_groups, group_size)
+    sums = _group_sums(x, ids, num_groups, group_size)
     zero = torch.zeros_like(x, dtype=torch.bool)
     if "running" in (baseline, scale):
         if running is None:
             raise ValueError("running statistics were requested but no RunningMeanStd was given.")
         running.update(x)
-    b = _baseline_terms(baseline, x, ids, count, total, mean, running)
+    b = _baseline_terms(baseline, x, ids, sums, running)
     if baseline in ("group", "leave_one_out"):
-        zero = zero | all_equal[ids]  # leave_one_out: includes groups of one, nothing to leave out
-    d = _divisor_terms(scale, x, ids, count, mean, num_groups, group_size, eps, running)
+        zero = zero | sums.all_equal[ids]  # leave_one_out: includes groups of one, nothing to leave out
+    d = _divisor_terms(scale, x, ids, sums, group_size, eps, running)
     if scale == "group":
-        zero = zero | all_equal[ids]
+        zero = zero | sums.all_equal[ids]
     return AffineTerms(b, d, zero)
 
 
@@ -184,16 +212,14 @@ def _baseline_terms(
     baseline: AdvantageBaseline,
     x: Tensor,
     ids: Tensor,
-    count: Tensor,
-    total: Tensor,
-    mean: Tensor,
+    sums: _GroupSums,
     running: RunningMeanStd | None,
 ) -> Tensor:
     """``b_i`` of `affine_terms` from the group sums (`_group_sums`) or the running statistics."""
     if baseline == "group":
-        return mean[ids]
+        return sums.mean[ids]
     if baseline == "leave_one_out":
-        return (total[ids] - x) / (count[ids] - 1.0).clamp(min=1.0)
+        return (sums.total[ids] - x) / (sums.members[ids] - 1.0).clamp(min=1.0)
     if baseline == "batch":
         return x.mean().expand_as(x)
     if baseline == "running":
@@ -206,16 +232,15 @@ def _divisor_terms(
     scale: AdvantageScale,
     x: Tensor,
     ids: Tensor,
-    count: Tensor,
-    mean: Tensor,
-    num_groups: int,
+    sums: _GroupSums,
     group_size: int | None,
     eps: float,
     running: RunningMeanStd | None,
 ) -> Tensor:
     """``d_i`` of `affine_terms`: the group, batch or running std plus ``eps``, or 1."""
     if scale == "group":
-        dev = x - mean[ids]
+        count, num_groups = sums.members, sums.members.shape[0]
+        dev = x - sums.mean[ids]
         if group_size is not None and x.numel() == num_groups * group_size:
             ss = (dev * dev).view(num_groups, group_size).sum(1)
         else:
@@ -235,10 +260,8 @@ def normalise_scores(
     scores: Tensor,
     group_ids: Tensor,
     num_groups: int,
+    normalisation: AdvantageNormalisation = _GRPO_NORMALISATION,
     *,
-    baseline: AdvantageBaseline = "group",
-    scale: AdvantageScale = "group",
-    eps: float = 1e-6,
     running: RunningMeanStd | None = None,
     group_size: int | None = None,
 ) -> Tensor:
@@ -247,16 +270,14 @@ def normalise_scores(
     For (N, T) scores (per-step returns) the baseline and divisor come from the sample scores
     ``x[:, 0]`` (each sample's whole return) and are applied to every step.
     """
+    baseline, scale, eps = normalisation
     x = scores.detach().to(torch.float64)
     uniform = group_size is not None and x.dim() == 1 and x.numel() == num_groups * group_size
     if uniform and baseline == "group" and scale in ("group", "none"):
         assert group_size is not None
         return _group_normalise(x.view(num_groups, group_size), scale == "group", eps).view(-1)
     x0 = x if x.dim() == 1 else x[:, 0]
-    terms = affine_terms(
-        x0, group_ids, num_groups, baseline=baseline, scale=scale, eps=eps, running=running,
-        group_size=group_size,
-    )  # fmt: skip
+    terms = affine_terms(x0, group_ids, num_groups, normalisation, running=running, group_size=group_size)
     if x.dim() == 1:
         adv = (x - terms.baseline) / terms.divisor
         return adv.masked_fill(terms.zero, 0.0)
@@ -369,19 +390,17 @@ def normalise_step_scores(
     mask: Tensor,
     group_ids: Tensor,
     num_groups: int,
-    *,
-    baseline: AdvantageBaseline = "group",
-    scale: AdvantageScale = "group",
-    eps: float = 1e-6,
+    normalisation: AdvantageNormalisation = _GRPO_NORMALISATION,
 ) -> Tensor:
     """Advantages of per-step scores (returns-to-go) ``x_it``: ``A_it = (x_it - b_it) / d_it``.
 
-    ``baseline``: "group" = the mean of x at step t over the members of the group that reach t
-    (a time-dependent group baseline), "none" = 0. ``scale``: "group" = their std at step t
+    ``normalisation.baseline``: "group" = the mean of x at step t over the members of the group that reach t
+    (a time-dependent group baseline), "none" = 0. ``normalisation.scale``: "group" = their std at step t
     (`per_step_group_advantages`), "batch" = the std of ``x - b`` over all valid steps of the
     batch, "none" = 1. Shapes: scores (N, T), mask (N, T) bool, group_ids (N,) -> (N, T) float64,
     0 on invalid steps. Raises ValueError for other sources (they describe one score per sample).
     """
+    baseline, scale, eps = normalisation
     if baseline not in STEP_BASELINES or scale not in STEP_SCALES:
         raise ValueError(
             f"per-step rewards support advantage_baseline in {STEP_BASELINES} and advantage_scale in "

@@ -50,7 +50,14 @@ from torch import Tensor
 
 from grpo.algorithms.aggregation import Aggregation
 from grpo.algorithms.kl import KLEstimator, kl_and_grad
-from grpo.algorithms.objective_statistics import ConstantCache, aggregation_weights, objective_statistics
+from grpo.algorithms.objective_inputs import ObjectiveInputs
+from grpo.algorithms.objective_statistics import (
+    ConstantCache,
+    LossTerms,
+    StepWeights,
+    aggregation_weights,
+    objective_statistics,
+)
 
 __all__ = ["ClipObjectiveSettings", "SavedGradientLoss", "clip_objective_twin"]
 
@@ -105,29 +112,18 @@ class SavedGradientLoss(torch.autograd.Function):
 
 
 def clip_objective_twin(
-    logp: Tensor,
-    logp_old: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    normaliser: Tensor | float,
-    logp_ref: Tensor | None,
-    entropy: Tensor | None,
-    settings: ClipObjectiveSettings,
-    cache: ConstantCache,
-    *,
-    on_policy: bool = False,
-    is_weights: Tensor | None = None,
+    inputs: ObjectiveInputs, settings: ClipObjectiveSettings, cache: ConstantCache, *, on_policy: bool = False
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Twin of `GRPOObjective.composed` for the "clip" loss with the built-in KL and entropy terms
     (kept for the step time it saves, module docstring): the loss as one `SavedGradientLoss`.
 
-    Shapes: logp, logp_old, mask, logp_ref, entropy, is_weights (n, T); advantages (n,) or (n, T);
-    ``normaliser`` 0-d or a float (the whole optimizer step's Z). ``cache``: the objective's
-    `grpo.algorithms.objective_statistics.ConstantCache`. Returns ``(loss, stats, extremes)`` of
-    `grpo.grpo_objective.ObjectiveOutput`: loss 0-d (differentiable in logp and entropy), stats
-    (len(STAT_NAMES),), extremes (2,). Formulas in the module docstring.
+    ``inputs``: the micro-batch's per-step tensors (shapes in `ObjectiveInputs`). ``cache``: the
+    objective's `grpo.algorithms.objective_statistics.ConstantCache`. Returns ``(loss, stats,
+    extremes)`` of `grpo.grpo_objective.ObjectiveOutput`: loss 0-d (differentiable in logp and
+    entropy), stats (len(STAT_NAMES),), extremes (2,). Formulas in the module docstring.
     """
     s = settings
+    logp, logp_old, advantages, mask, normaliser, logp_ref, entropy, is_weights = inputs
     with torch.no_grad():
         x = logp  # no graph is recorded under no_grad
         mf = mask.to(x.dtype)
@@ -150,14 +146,19 @@ def clip_objective_twin(
                 g_ent = (mf * -s.entropy_coeff).div_(normaliser) if w is None else w * -s.entropy_coeff
         g = g.mul_(mf).div_(normaliser) if w is None else g.mul_(w)
         rows = {
-            "policy": pg, "kl": kl, "clip_low": clip_low, "clip_high": clip_high, "ratio": ratio,
+            "policy": pg,
+            "kl": kl,
+            "clip_low": clip_low,
+            "clip_high": clip_high,
+            "ratio": ratio,
             "entropy": entropy if entropy is not None else x,  # -logp: sign in the projection
-            "log_ratio": lrc, "logp": x,
-        }  # fmt: skip
+            "log_ratio": lrc,
+            "logp": x,
+        }
+        terms = LossTerms(logp_ref is not None, entropy is None, s.kl_coeff, s.entropy_coeff)
         stats, extremes = objective_statistics(
-            rows, mask, mf, w, normaliser, has_ref=logp_ref is not None, entropy_is_logp=entropy is None,
-            kl_coeff=s.kl_coeff, entropy_coeff=s.entropy_coeff, cache=cache,
-        )  # fmt: skip
+            rows, StepWeights(mask, mf, w, normaliser), terms=terms, cache=cache
+        )
     loss: Tensor = SavedGradientLoss.apply(logp, entropy, stats[0], g, g_ent)  # type: ignore[no-untyped-call]
     return loss, stats, extremes
 

@@ -21,7 +21,7 @@ inputs up to `STACK_LIMIT` elements (fewest dispatches), else one dot product pe
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -34,6 +34,8 @@ __all__ = [
     "STACK_LIMIT",
     "STAT_NAMES",
     "ConstantCache",
+    "LossTerms",
+    "StepWeights",
     "aggregation_weights",
     "objective_statistics",
 ]
@@ -75,6 +77,39 @@ ConstantCache = dict[str, tuple[tuple[Any, ...], Any]]
 device, coefficients) changes. One per objective (`grpo.grpo_objective.GRPOObjective`)."""
 
 
+class StepWeights(NamedTuple):
+    """The mask and aggregation weights of one micro-batch's steps.
+
+    Attributes:
+        mask: (n, T) bool, the valid steps.
+        mf: ``mask`` as floats (n, T) (the dtype the sums are taken in, at least float32).
+        w: (n, T) weights from `aggregation_weights` with ``aggregate(l) = sum(w * l)``; None: the
+            weights are ``mf / normaliser`` (weighted sums = masked sums / Z).
+        normaliser: ``Z`` of the whole optimizer step, 0-d or a float.
+    """
+
+    mask: Tensor
+    mf: Tensor
+    w: Tensor | None
+    normaliser: Tensor | float
+
+
+class LossTerms(NamedTuple):
+    """How the rows enter the loss statistic (the projection's coefficients, its cache key).
+
+    Attributes:
+        has_ref: the "kl" row is the KL to a reference, which enters the loss with ``kl_coeff``.
+        entropy_is_logp: the "entropy" row holds logp; the entropy estimate is its negative.
+        kl_coeff: weight of the KL term in the loss.
+        entropy_coeff: weight of the entropy bonus.
+    """
+
+    has_ref: bool
+    entropy_is_logp: bool
+    kl_coeff: float
+    entropy_coeff: float
+
+
 def _as(v: Tensor, dtype: torch.dtype) -> Tensor:
     return v if v.dtype == dtype else v.to(dtype)
 
@@ -100,32 +135,20 @@ def _stacked_sums(raw: list[Tensor], mf: Tensor, w: Tensor | None, normaliser: T
 
 
 def objective_statistics(
-    rows: dict[str, Tensor | None],
-    mask: Tensor,
-    mf: Tensor,
-    w: Tensor | None,
-    normaliser: Tensor | float,
-    *,
-    has_ref: bool,
-    entropy_is_logp: bool,
-    kl_coeff: float,
-    entropy_coeff: float,
-    cache: ConstantCache,
+    rows: dict[str, Tensor | None], weights: StepWeights, *, terms: LossTerms, cache: ConstantCache
 ) -> tuple[Tensor, Tensor]:
     """``stats`` (len(`STAT_NAMES`),) and ``extremes`` (2,) of `grpo.grpo_objective.ObjectiveOutput`
     from the detached per-step values (see the module docstring).
 
-    ``rows`` maps names of `ROWS` (but "mask", taken from ``mf``) to (n, T) values; None or
-    absent rows are zero. ``mask`` (n, T) bool, ``mf`` the same as floats; ``w`` (n, T) from
-    `aggregation_weights`, None: the weights are ``mf / normaliser`` (weighted sums = masked sums
-    / Z). ``has_ref``: the "kl" row is the KL to a reference, which enters the loss with
-    ``kl_coeff``. ``entropy_is_logp``: the "entropy" row holds logp, the estimate is its negative.
-    ``cache``: the objective's `ConstantCache`.
+    ``rows`` maps names of `ROWS` (but "mask", taken from ``weights.mf``) to (n, T) values; None
+    or absent rows are zero. ``weights``: the micro-batch's mask and aggregation weights;
+    ``terms``: how the rows enter the loss; ``cache``: the objective's `ConstantCache`.
     """
+    mask, mf, w, normaliser = weights
     dtype = mf.dtype if mf.dtype in (torch.float32, torch.float64) else torch.float32
     names = tuple(k for k in ROWS if k == "mask" or rows.get(k) is not None)
     raw = [mf if name == "mask" else rows[name] for name in names]  # converted where reduced
-    proj = _projection(dtype, mf.device, names, has_ref, entropy_is_logp, kl_coeff, entropy_coeff, cache)
+    proj = _projection(dtype, mf.device, names, terms, cache)
     if mf.numel() <= STACK_LIMIT:  # few elements: fewest ops (the per-op cost dominates)
         reduced = _stacked_sums(raw, _as(mf, dtype), w, normaliser)  # type: ignore[arg-type]
         steps = reduced[len(names) + names.index("mask")]
@@ -187,17 +210,15 @@ def _projection(
     dtype: torch.dtype,
     device: torch.device,
     names: tuple[str, ...],
-    has_ref: bool,
-    entropy_is_logp: bool,
-    kl_coeff: float,
-    entropy_coeff: float,
+    terms: LossTerms,
     cache: ConstantCache,
 ) -> Tensor:
     """The (2 * len(names), len(STAT_NAMES)) matrix from the weighted and masked sums of the
-    rows ``names`` to the stats (see the module docstring)."""
+    rows ``names`` to the stats (see the module docstring), with the coefficients of ``terms``."""
     # one cache entry per row set: the on-policy first epoch and the later ones alternate
     slot = "projection:" + ",".join(names)
-    key = (dtype, device, has_ref, entropy_is_logp, kl_coeff, entropy_coeff)
+    key = (dtype, device, *terms)
+    has_ref, entropy_is_logp, kl_coeff, entropy_coeff = terms
     cached = cache.get(slot)
     if cached is not None and cached[0] == key:
         proj: Tensor = cached[1]
@@ -218,9 +239,13 @@ def _projection(
     for term, name in (("policy", "policy_loss"), ("kl", "kl_loss"), ("entropy", "entropy")):
         put(True, term, name, 1.0)
     for term, name in (
-        ("mask", "steps"), ("clip_low", "clip_low"), ("clip_high", "clip_high"), ("kl", "kl_ref"),
-        ("entropy", "entropy_sum"), ("ratio", "ratio_sum"),
-    ):  # fmt: skip
+        ("mask", "steps"),
+        ("clip_low", "clip_low"),
+        ("clip_high", "clip_high"),
+        ("kl", "kl_ref"),
+        ("entropy", "entropy_sum"),
+        ("ratio", "ratio_sum"),
+    ):
         put(False, term, name, 1.0)
     if "ratio" in row:
         put(False, "ratio", "kl_old", 1.0)

@@ -161,9 +161,13 @@ def importance_sums(corrected: CorrectedWeights, mask: Tensor, *, per_row: bool)
     unit_w, unit_valid = _units(weights, mask, per_row)
     unit_w = torch.where(unit_valid, unit_w, 0)
     return ImportanceSums(
-        (weights * mf).sum(), (corrected.capped * mf).sum(), mf.sum(),
-        unit_w.sum(), (unit_w * unit_w).sum(), unit_valid.to(weights.dtype).sum(),
-    )  # fmt: skip
+        (weights * mf).sum(),
+        (corrected.capped * mf).sum(),
+        mf.sum(),
+        unit_w.sum(),
+        (unit_w * unit_w).sum(),
+        unit_valid.to(weights.dtype).sum(),
+    )
 
 
 def effective_sample_size_from_sums(unit_sum: Tensor, unit_sq_sum: Tensor, units: Tensor) -> Tensor:

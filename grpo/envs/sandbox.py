@@ -241,9 +241,14 @@ def run_python(code: str, limits: SandboxLimits | None = None, *, stdin: str = "
         start = time.monotonic()
         try:
             proc = subprocess.Popen(
-                command, stdin=files[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env={}, pass_fds=fds, start_new_session=True,
-            )  # fmt: skip
+                command,
+                stdin=files[1],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env={},
+                pass_fds=fds,
+                start_new_session=True,
+            )
         except OSError as e:
             os.close(ok_r)
             raise SandboxUnavailable(f"cannot start {bwrap}: {e}; {INSTALL_HINT}.") from e
@@ -329,8 +334,14 @@ def _supervise(
         )
     cpu = usage.ru_utime + usage.ru_stime
     verdict = killed_by or _status(returncode, cpu, limits)
-    return SandboxResult(reader.text(reader.both), returncode, verdict, time.monotonic() - start,
-                         reader.text(reader.stdout), cpu)  # fmt: skip
+    return SandboxResult(
+        reader.text(reader.both),
+        returncode,
+        verdict,
+        time.monotonic() - start,
+        reader.text(reader.stdout),
+        cpu,
+    )
 
 
 def _exit_code(status: int) -> int:

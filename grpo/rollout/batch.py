@@ -134,9 +134,15 @@ class ExperienceBatch:
         r = to_reward_tensor(rewards, n, f"{where} rewards", device)
         old, mask = _given_log_probs(old_log_probs, mask, n, flat_actions, where, device)
         return cls(
-            states=states, flat_states=flat_states, actions=flat_actions, group_ids=group_ids,
-            group_size=g, rewards=r, old_log_probs=old, mask=mask,
-        )  # fmt: skip
+            states=states,
+            flat_states=flat_states,
+            actions=flat_actions,
+            group_ids=group_ids,
+            group_size=g,
+            rewards=r,
+            old_log_probs=old,
+            mask=mask,
+        )
 
     @property
     def num_groups(self) -> int:
@@ -247,9 +253,13 @@ def _given_log_probs(
         return None, None
     given = PolicyOutput(old_log_probs.detach(), mask) if mask is not None else old_log_probs.detach()
     lp = normalise_log_probs(
-        given, n, f"{where} old_log_probs", device, actions=actions,
+        given,
+        n,
+        f"{where} old_log_probs",
+        device,
+        actions=actions,
         explicit=f"pass mask=torch.ones_like(old_log_probs, dtype=torch.bool) to {where}",
-    )  # fmt: skip
+    )
     return lp.log_probs, lp.mask
 
 

@@ -513,17 +513,19 @@ class DataclassArgumentParser(argparse.ArgumentParser):
         self.spelled: dict[str, FieldOption] = {}  # spellings with mapped values: their own options
         if config_option is not None:
             self.add_argument(
-                config_option, dest="config", default=None, metavar="FILE",
+                config_option,
+                dest="config",
+                default=None,
+                metavar="FILE",
                 help="YAML (.yaml/.yml) or JSON file of option values, keys as the options' names "
                 "with '-' or '_'; options on the command line win.",
-            )  # fmt: skip
+            )
 
     def add_dataclass(
         self,
         cls: type,
         *,
         group: Any = None,
-        title: str | None = None,
         aliases: Mapping[str, Sequence[str]] | None = None,
         defaults: Mapping[str, Any] | None = None,
         choices: Mapping[str, Sequence[Any]] | None = None,
@@ -531,10 +533,12 @@ class DataclassArgumentParser(argparse.ArgumentParser):
         prefix: str = "",
     ) -> list[str]:
         """Add an option per field of ``cls`` (see `field_options`; ``prefix``: the options are
-        named ``prefix + field``) to ``group`` (an argument group of this parser), or to a new
-        group titled ``title`` (default: the class name), and one per accepted spelling of its
-        fields (`spellings`, without ``prefix``). Returns the option names added."""
-        target = group if group is not None else self.add_argument_group(title or cls.__name__)
+        named ``prefix + field``) to ``group``: an argument group of this parser, or the title of a
+        new one (None: titled with the class name); and one per accepted spelling of its fields
+        (`spellings`, without ``prefix``). Returns the option names added."""
+        if group is None or isinstance(group, str):
+            group = self.add_argument_group(group or cls.__name__)
+        target = group
         added = []
         names = {f.name for f in dataclasses.fields(cls) if f.init and f.name not in exclude}
         spelled = (

@@ -165,16 +165,10 @@ class _Samples:
 def evaluate(
     trainer: TrainerLike,
     states: Any,
+    options: EvalOptions | None = None,
     *,
     seed: int | None = None,
-    group_size: int | None = None,
-    temperature: float | None = None,
-    batch_size: int | None = None,
-    ks: Sequence[int] = (),
-    answer: AnswerFn | None = None,
-    success_threshold: float = 1.0,
-    success_component: str | None = None,
-    **generate_kwargs: Any,
+    **kwargs: Any,
 ) -> dict[str, float]:
     """Rewards of G sampled actions per state, and pass@k / maj@k with ``ks``; no update, no
     weight change, RNG streams untouched.
@@ -205,12 +199,15 @@ def evaluate(
     Args:
         trainer: the trainer whose policy and reward model are evaluated.
         states: a sequence of n states or a Tensor (n, ...).
+        options: the `EvalOptions`; None = its fields given as keywords (``group_size=8,
+            ks=(1, 8)``, each with `EvalOptions`' default when absent), not both.
         seed: seed the forked streams with this value (None = continue from the current state
             without advancing it).
-        **generate_kwargs: passed to ``policy.generate_actions``.
+        **kwargs: `EvalOptions` fields (without ``options``); every other keyword is passed to
+            ``policy.generate_actions``.
     """
     t0 = time.perf_counter()
-    opts = EvalOptions(group_size, temperature, batch_size, ks, answer, success_threshold, success_component)
+    opts, generate_kwargs = _options_and_generate_kwargs(options, kwargs)
     g, verify_temperature = check_eval_options(trainer, opts)
     if opts.temperature is not None:
         generate_kwargs = {**generate_kwargs, "temperature": opts.temperature}
@@ -225,6 +222,31 @@ def evaluate(
 
 
 # ---- checks, before anything is sampled -------------------------------------------------------
+_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(EvalOptions))
+
+
+def _options_and_generate_kwargs(
+    options: EvalOptions | None, kwargs: Mapping[str, Any]
+) -> tuple[EvalOptions, dict[str, Any]]:
+    """`evaluate`'s `EvalOptions` (``options``, or built from the keywords named like its fields)
+    and the other keywords (for ``policy.generate_actions``)."""
+    fields = {k: v for k, v in kwargs.items() if k in _OPTION_NAMES}
+    rest = {k: v for k, v in kwargs.items() if k not in _OPTION_NAMES}
+    if options is None:
+        return EvalOptions(**fields), rest
+    if not isinstance(options, EvalOptions):
+        raise TypeError(
+            f"evaluate(options=...) takes a grpo.training.evaluation.EvalOptions, got "
+            f"{type(options).__name__}; e.g. options=EvalOptions(group_size=8, ks=(1, 8))."
+        )
+    if fields:
+        raise TypeError(
+            f"evaluate() got options= and the EvalOptions fields {sorted(fields)} as keywords; "
+            f"pass one or the other (e.g. dataclasses.replace(options, {next(iter(sorted(fields)))}=...))."
+        )
+    return options, rest
+
+
 def check_eval_options(trainer: TrainerLike, options: EvalOptions) -> tuple[int, bool]:
     """Refuse options the trainer cannot evaluate with, before anything is sampled (`train` calls
     it before its first step): a k above the group size, a temperature the policy cannot take, a

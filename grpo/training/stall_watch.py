@@ -128,9 +128,9 @@ class StallWatch:
             message (None: not quoted).
         scheduler: the trainer's `LambdaLR` over a `grpo.engine.lr_schedules.LRSchedule` (None: no
             schedule), read to tell a schedule that has ended from a stall.
-        optimizer_steps_per_step: optimizer steps per trainer step, quoted with the schedule.
         config: a `GRPOConfig` to read ``kl_coeff`` / ``entropy_coeff`` from when a message is
-            written (`from_config` passes the trainer's live config), instead of the arguments.
+            written (`from_config` passes the trainer's live config), instead of the arguments,
+            and ``optimizer_steps_per_step`` (quoted with the schedule; not quoted without one).
     """
 
     def __init__(
@@ -142,7 +142,6 @@ class StallWatch:
         entropy_coeff: float = 0.0,
         optimizer: Any = None,
         scheduler: Any = None,
-        optimizer_steps_per_step: int | None = None,
         config: Any = None,
     ) -> None:
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
@@ -154,7 +153,6 @@ class StallWatch:
         self._coeffs, self.config = (kl_coeff, entropy_coeff), config
         self.optimizer = optimizer
         self.scheduler = scheduler
-        self.optimizer_steps_per_step = optimizer_steps_per_step
         self.reward_ema = math.nan  # EMA of reward/mean and its highest value so far
         self.best_ema = -math.inf
         self.lowest = math.inf  # lowest / highest reward seen outside flat runs
@@ -172,12 +170,13 @@ class StallWatch:
     @classmethod
     def from_config(cls, config: Any, optimizer: Any = None, scheduler: Any = None) -> StallWatch:
         """A watch with the default thresholds and ``config``'s ``kl_coeff`` / ``entropy_coeff``."""
-        return cls(
-            optimizer=optimizer,
-            scheduler=scheduler,
-            optimizer_steps_per_step=config.optimizer_steps_per_step,
-            config=config,
-        )
+        return cls(optimizer=optimizer, scheduler=scheduler, config=config)
+
+    @property
+    def optimizer_steps_per_step(self) -> int | None:
+        """Optimizer steps per trainer step (``config.optimizer_steps_per_step``; None without a
+        config)."""
+        return None if self.config is None else int(self.config.optimizer_steps_per_step)
 
     @property
     def kl_coeff(self) -> float:

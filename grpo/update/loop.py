@@ -186,16 +186,20 @@ def run_update(
         keep = batch.loss_rows if keep is None else keep & batch.loss_rows
     from_first_epoch = old is None and decisions.needs_old  # behaviour log-probs from its forwards
     multi = plan.optimizer_steps_per_update(batch.num_groups) > 1  # this batch's (groups may be dropped)
+    data = _UpdateData(batch, advantages, keep, old)
     with parts.guard.protect(
-        backend, parts.params, parts.optimizer, parts.scheduler, multi_step=multi, step=step,
+        backend,
+        parts.params,
+        parts.optimizer,
+        parts.scheduler,
+        multi_step=multi,
+        step=step,
         policy=parts.policy,
-    ) as guard:  # fmt: skip
+    ) as guard:
         for opt_step in plan.optimizer_steps(batch.num_groups, batch.group_size, batch.group_ids):
-            result, logps = _optimizer_step(
-                parts, batch, advantages, keep, old, opt_step, mode, stats, check_inf=from_first_epoch
-            )
+            result, logps = _optimizer_step(parts, data, opt_step, mode, stats, check_inf=from_first_epoch)
             if from_first_epoch:  # the first epoch's forwards are the behaviour log-probs
-                old = logps[0] if len(logps) == 1 else torch.cat(logps)
+                data = data._replace(old=logps[0] if len(logps) == 1 else torch.cat(logps))
                 from_first_epoch = False
             stats.add_step(result)
             if not guard.accept(result):
@@ -210,12 +214,20 @@ def run_update(
     return out, steps
 
 
+class _UpdateData(NamedTuple):
+    """What the update trains on: the ``batch`` (N rows), its ``advantages`` (N,) or (N, T), the
+    loss rows ``keep`` (N,) bool (None = all) and the behaviour log-probs ``old`` (N, T) (None
+    until the first epoch's forwards record them when the collector did not)."""
+
+    batch: ExperienceBatch
+    advantages: Tensor
+    keep: Tensor | None
+    old: Tensor | None
+
+
 def _optimizer_step(
     parts: UpdateParts,
-    batch: ExperienceBatch,
-    advantages: Tensor,
-    keep: Tensor | None,
-    old: Tensor | None,
+    data: _UpdateData,
     opt_step: OptimizerStep,
     mode: NormaliserMode,
     stats: UpdateStatistics,
@@ -228,10 +240,9 @@ def _optimizer_step(
     backend, objective = parts.backend, parts.objective
     z: Tensor | None = None
     if mode == "known":
-        assert batch.mask is not None
-        z = global_normaliser(
-            backend, objective, _loss_mask(select_rows(batch.mask, opt_step.rows), keep, opt_step.rows)
-        )
+        assert data.batch.mask is not None
+        step_mask = _loss_mask(select_rows(data.batch.mask, opt_step.rows), data.keep, opt_step.rows)
+        z = global_normaliser(backend, objective, step_mask)
     backend.zero_grad()
     counts: Tensor | None = None  # "deferred": the raw counts of the step's micro-batches
     step_stats: Tensor | None = None
@@ -240,11 +251,9 @@ def _optimizer_step(
     for mb in opt_step.micro_batches:
         step = _MicroStep(mb, mode, z, opt_step.on_policy, check_inf)
         if parts.fused_loss is None:
-            out, logp_old, raw = _micro_batch(parts, batch, advantages, keep, old, step, stats)
+            out, logp_old, raw = _micro_batch(parts, data, step, stats)
         else:
-            out, logp_old, raw = _fused_micro_batch(
-                parts, parts.fused_loss, batch, advantages, keep, old, step
-            )
+            out, logp_old, raw = _fused_micro_batch(parts, parts.fused_loss, data, step)
         if raw is not None:
             counts = raw if counts is None else counts + raw
         backend.backward(out.loss, last=mb.last)
@@ -289,51 +298,39 @@ def _micro_normaliser(
 
 
 def _micro_batch(
-    parts: UpdateParts,
-    batch: ExperienceBatch,
-    advantages: Tensor,
-    keep: Tensor | None,
-    old: Tensor | None,
-    step: _MicroStep,
-    stats: UpdateStatistics,
+    parts: UpdateParts, data: _UpdateData, step: _MicroStep, stats: UpdateStatistics
 ) -> tuple[ObjectiveOutput, Tensor, Tensor | None]:
     """The default micro-batch: log-probs (one forward), then the objective. Returns its output,
     its ``logp_old`` (detached) and its raw normaliser count ("deferred") or None."""
     mb = step.mb
-    lp = _log_probs(parts, batch, mb, check_inf=step.check_inf)
-    mask = _loss_mask(lp.mask, keep, mb.rows)
+    lp = _log_probs(parts, data.batch, mb, check_inf=step.check_inf)
+    mask = _loss_mask(lp.mask, data.keep, mb.rows)
     z, raw = _micro_normaliser(parts, step, mask)
     logp_old = (
         lp.log_probs.detach()
         if step.on_policy
-        else _same_shape(old, mb, lp.log_probs, "old log-probs recorded at collection", parts)
+        else _same_shape(data.old, mb, lp.log_probs, "old log-probs recorded at collection", parts)
     )
-    out = _objective(parts, batch, advantages, mb, lp, logp_old, mask, z, step.on_policy, stats)
+    out = _objective(parts, data, step._replace(z=z), lp, logp_old, mask, stats)
     return out, logp_old, raw
 
 
 def _fused_micro_batch(
-    parts: UpdateParts,
-    fused: FusedLoss,
-    batch: ExperienceBatch,
-    advantages: Tensor,
-    keep: Tensor | None,
-    old: Tensor | None,
-    step: _MicroStep,
+    parts: UpdateParts, fused: FusedLoss, data: _UpdateData, step: _MicroStep
 ) -> tuple[ObjectiveOutput, Tensor, Tensor | None]:
     """A micro-batch through ``parts.fused_loss`` (``GRPOConfig.use_liger_loss``): the policy's
     forward to the LM head's input, then the fused loss. Same returns as `_micro_batch`; its
     ``logp_old`` is computed (one more no-grad head pass) only when these forwards record the
     behaviour log-probs (``check_inf``), otherwise it is the recorded one or empty (on-policy)."""
-    mb = step.mb
-    adv = select_rows(advantages, mb.rows)
+    mb, batch = step.mb, data.batch
+    adv = select_rows(data.advantages, mb.rows)
     if adv.dim() != 1:
         raise ValueError(
             f"use_liger_loss: Liger's loss takes one advantage per sample, got shape {tuple(adv.shape)} "
             "(per-step advantages); set GRPOConfig(use_liger_loss=False)."
         )
     inputs = fused.inputs(parts.policy, select_rows(batch.actions, mb.rows))
-    mask = _loss_mask(inputs.mask, keep, mb.rows)
+    mask = _loss_mask(inputs.mask, data.keep, mb.rows)
     z, raw = _micro_normaliser(parts, step, mask)
     recorded = fused.log_probs(inputs) if step.check_inf else None
     if recorded is not None and bool(torch.isinf(recorded).any()):
@@ -342,7 +339,7 @@ def _fused_micro_batch(
             "the policy cannot take); the behaviour log-probs must be finite."
         )
     what = "old log-probs recorded at collection"
-    logp_old = None if step.on_policy else _same_shape(old, mb, inputs.targets, what, parts)
+    logp_old = None if step.on_policy else _same_shape(data.old, mb, inputs.targets, what, parts)
     ref = select_rows(batch.ref_log_probs, mb.rows)
     if ref is not None:
         _check_shape(ref, inputs.targets, "reference log-probs", parts)
@@ -365,9 +362,14 @@ def _log_probs(parts: UpdateParts, batch: ExperienceBatch, mb: MicroBatch, *, ch
     log-probs); otherwise a non-finite log-prob makes the loss non-finite and the guard undoes it.
     """
     lp = evaluate_log_probs(
-        parts.policy, batch, mb.rows, groups=mb.groups, with_entropy=parts.exact_entropy,
-        device=parts.device, check_inf=check_inf,
-    )  # fmt: skip
+        parts.policy,
+        batch,
+        mb.rows,
+        groups=mb.groups,
+        with_entropy=parts.exact_entropy,
+        device=parts.device,
+        check_inf=check_inf,
+    )
     if not lp.log_probs.requires_grad:
         raise ValueError(
             f"{type(parts.policy).__name__} returned log-probs that do not require grad during "
@@ -405,28 +407,34 @@ def _check_gradients_reached(parts: UpdateParts, loss: Tensor) -> None:
 
 def _objective(
     parts: UpdateParts,
-    batch: ExperienceBatch,
-    advantages: Tensor,
-    mb: MicroBatch,
+    data: _UpdateData,
+    step: _MicroStep,
     lp: LogProbs,
     logp_old: Tensor,
     mask: Tensor,
-    z: Tensor | None,
-    on_policy: bool,
     stats: UpdateStatistics,
 ) -> ObjectiveOutput:
-    """The objective of one micro-batch (with the sampler correction's weights when on)."""
-    logp = lp.log_probs
-    ref = select_rows(batch.ref_log_probs, mb.rows)
+    """The objective of one micro-batch ``step`` (its ``z``: the micro-batch's normaliser or None
+    for 1) on the current log-probs ``lp`` and ``logp_old`` (n, T) under the loss mask ``mask``
+    (n, T), with the sampler correction's weights when on."""
+    logp, mb = lp.log_probs, step.mb
+    ref = select_rows(data.batch.ref_log_probs, mb.rows)
     if ref is not None:
         _check_shape(ref, logp, "reference log-probs", parts)
     is_weights = None
     if parts.sampler_is_cap is not None:
-        is_weights = _is_weights(parts, batch, mb, logp_old, logp, mask, stats)
+        is_weights = _is_weights(parts, data.batch, mb, logp_old, logp, mask, stats)
     return parts.objective(
-        logp, logp_old, select_rows(advantages, mb.rows), mask, 1.0 if z is None else z,
-        logp_ref=ref, entropy=lp.entropy, on_policy=on_policy, is_weights=is_weights,
-    )  # fmt: skip
+        logp,
+        logp_old,
+        select_rows(data.advantages, mb.rows),
+        mask,
+        1.0 if step.z is None else step.z,
+        logp_ref=ref,
+        entropy=lp.entropy,
+        on_policy=step.on_policy,
+        is_weights=is_weights,
+    )
 
 
 def _is_weights(
