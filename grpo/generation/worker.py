@@ -435,9 +435,9 @@ class _Channel:
         )
 
     def _died(self, what: str) -> GenerationWorkerError:
-        self.process.join(1.0)
+        self.process.join(10.0)  # its pipe closed: it is gone or going (under load, reaping takes > 1 s)
         code = self.process.exitcode
-        how = f"exit code {code}"
+        how = "no exit code after 10 s" if code is None else f"exit code {code}"
         if code is not None and code < 0:
             with contextlib.suppress(ValueError):
                 how = f"killed by {signal.Signals(-code).name}"
