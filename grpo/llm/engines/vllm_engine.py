@@ -64,7 +64,8 @@ from torch import Tensor
 
 from grpo.engine.distributed import get_world_size
 from grpo.generation.engine import Generated
-from grpo.llm.policy import CausalLMPolicy, Completion
+from grpo.llm.completion import Completion
+from grpo.llm.engines.causal_lm import CausalLM
 from grpo.llm.sampling_settings import SamplingSettings
 from grpo.policy_base import PolicyModel, PolicyOutput
 from grpo.runtime.extras import install_hint
@@ -391,9 +392,9 @@ class _FutureGeneration:
         return self._future.result()
 
 
-def _checked_policy(policy: PolicyModel) -> CausalLMPolicy:
+def _checked_policy(policy: PolicyModel) -> CausalLM:
     """``policy`` as a single-process `CausalLMPolicy`, or a clear error."""
-    if not isinstance(policy, CausalLMPolicy):
+    if not isinstance(policy, CausalLM):
         raise TypeError(
             f"VLLMEngine generates for a grpo.llm.CausalLMPolicy; got {type(policy).__name__}. Use "
             "generation_engine='hf' or 'worker' for other policies."
@@ -419,7 +420,7 @@ class VLLMEngine:
 
     owns_weights = True
 
-    def __init__(self, llm: Any, policy: CausalLMPolicy, workdir: Path, *, seed: int) -> None:
+    def __init__(self, llm: Any, policy: CausalLM, workdir: Path, *, seed: int) -> None:
         self._llm = llm
         self._vllm = require_vllm()
         self.policy = policy
@@ -583,7 +584,7 @@ class VLLMEngine:
         if previous is not None and previous.lora_path != request.lora_path:
             shutil.rmtree(previous.lora_path, ignore_errors=True)
 
-    def _save_adapter(self, policy: CausalLMPolicy, version: int) -> tuple[str, int]:
+    def _save_adapter(self, policy: CausalLM, version: int) -> tuple[str, int]:
         """Save the active LoRA adapter for ``version``: (its directory, its file's bytes)."""
         target = self.workdir / f"adapter-v{version}"
         name = _active_adapter(policy.model)
@@ -621,7 +622,7 @@ class VLLMEngine:
         self.close()
 
 
-def _save_model(policy: CausalLMPolicy, model_dir: Path) -> dict[str, Any]:
+def _save_model(policy: CausalLM, model_dir: Path) -> dict[str, Any]:
     """Save the model vLLM loads (LoRA: the base weights) and the tokenizer to ``model_dir``;
     returns the ``vllm.LLM`` arguments LoRA needs (none without it)."""
     extra: dict[str, Any] = {}

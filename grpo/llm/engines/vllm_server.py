@@ -40,6 +40,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from grpo.generation.engine import Generated
+from grpo.llm.engines.causal_lm import CausalLM
 from grpo.llm.engines.vllm_engine import (
     VLLMJob,
     VLLMSample,
@@ -48,7 +49,6 @@ from grpo.llm.engines.vllm_engine import (
     sampling_params_kwargs,
 )
 from grpo.llm.engines.vllm_worker_extension import GROUP_TIMEOUT, flat_buffers, unflatten, weight_spec
-from grpo.llm.policy import CausalLMPolicy
 from grpo.llm.sampling_settings import SamplingSettings
 from grpo.policy_base import PolicyModel
 
@@ -126,7 +126,7 @@ class VLLMServerEngine:
         weight_sync_host: str = "127.0.0.1",
         timeout: float = 600.0,
     ) -> None:
-        if not isinstance(policy, CausalLMPolicy):
+        if not isinstance(policy, CausalLM):
             raise TypeError(
                 f"VLLMServerEngine generates for a grpo.llm.CausalLMPolicy; got {type(policy).__name__}."
             )
@@ -241,7 +241,7 @@ class VLLMServerEngine:
         """Push ``policy``'s trainable parameters (tagged ``version``) to the server after the
         generations queued before; waits until the server has loaded them."""
         self._check_open()
-        if not isinstance(policy, CausalLMPolicy) or policy.is_peft:
+        if not isinstance(policy, CausalLM) or policy.is_peft:
             raise ValueError("VLLMServerEngine.sync takes the full-weight CausalLMPolicy it was built for.")
         if self._jobs == 0 and version > 0:  # a resumed trainer: job `version` is step `version`'s
             self._jobs = int(version)
