@@ -401,7 +401,7 @@ class VLLMEngineBase:
         self.seed = int(seed)
         self._jobs = 0  # jobs submitted (or skipped): job j's requests are seeded with (seed, j)
         self._version = 0  # the last sync submitted
-        self._loaded_version = 0  # the weights generations now use (the engine's thread)
+        self.loaded_version = 0  # the weights generations now use (set on the engine's thread)
         self._closed = False
         self.last_sync_seconds = 0.0
         self.last_sync_bytes = 0
@@ -433,7 +433,7 @@ class VLLMEngineBase:
         )
         tokens = sum(len(s.token_ids) for group in samples for s in group)
         self.last_generation = {"completion_tokens": float(tokens), "seconds": time.perf_counter() - job.t0}
-        return Generated(job.states, actions, logp, self._loaded_version)
+        return Generated(job.states, actions, logp, self.loaded_version)
 
     def skip_job(self) -> None:
         """Count one generation job without running it: a batch restored from a checkpoint
@@ -455,13 +455,14 @@ class VLLMEngineBase:
             raise RuntimeError(f"this {type(self).__name__} is closed; build a new one.")
 
     def close(self) -> None:
-        """Free what the engine holds; idempotent (a subclass frees its own, `_close`)."""
+        """Free what the engine holds (`shutdown`, once); idempotent."""
         if self._closed:
             return
         self._closed = True
-        self._close()
+        self.shutdown()
 
-    def _close(self) -> None:
+    def shutdown(self) -> None:
+        """What `close` runs once: a subclass frees what it holds."""
         raise NotImplementedError
 
     def __enter__(self: E) -> E:
@@ -615,11 +616,11 @@ class VLLMEngine(VLLMEngineBase):
             _vllm_load_weights(self._llm, weights)
         if self._device_type == "cuda":
             torch.cuda.synchronize()
-        self._loaded_version = version
+        self.loaded_version = version
 
     def _switch_adapter(self, request: Any, version: int) -> None:
         previous = self._lora
-        self._lora, self._loaded_version = request, version
+        self._lora, self.loaded_version = request, version
         if previous is not None and previous.lora_path != request.lora_path:
             shutil.rmtree(previous.lora_path, ignore_errors=True)
 
@@ -633,9 +634,9 @@ class VLLMEngine(VLLMEngineBase):
         return str(path), nbytes
 
     # ---- shutdown ----------------------------------------------------------------------------
-    def _close(self) -> None:
+    def shutdown(self) -> None:
         """Wait for the queued work, free vLLM (GPU memory, process groups) and the saved
-        weights (`close`)."""
+        weights (once, by `close`)."""
         self._executor.shutdown(wait=True)
         llm, self._llm = self._llm, None
         try:

@@ -238,11 +238,12 @@ class VLLMServerEngine(VLLMEngineBase):
         if errors or sender.is_alive():
             raise RuntimeError(f"the weight broadcast to {self.url} failed: {errors or 'timed out'}")
         self._post("/reset_prefix_cache", None)
-        self._loaded_version = version
+        self.loaded_version = version
 
     # ---- shutdown ----------------------------------------------------------------------------
-    def _close(self) -> None:
-        """Wait for the queued work and leave the weight group (the server keeps running)."""
+    def shutdown(self) -> None:
+        """Wait for the queued work and leave the weight group (the server keeps running; once,
+        by `close`)."""
         self._executor.shutdown(wait=True)
         try:
             self._rpc("grpo_close_weight_group")
