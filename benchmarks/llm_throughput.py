@@ -19,8 +19,6 @@ rounds, and each ratio is taken within a round. A side ``ENGINE:K`` is grpo with
 ``generation_engine=ENGINE`` and ``async_staleness=K`` (issue 30: ``worker:1`` generates the next
 batch in a worker process while this one updates); its step time is the interval between step
 ends, as TRL's, and it also reports the worker's peak memory and the weight-sync time.
-``ENGINE:K:generate`` samples with Hugging Face ``generate`` instead of the KV-cache loop
-(``SamplingSettings(decoding="generate")``; default ``auto``), to measure the loop's share.
 ``trl-vllm``: TRL with ``use_vllm=True, vllm_mode="colocate"`` (vLLM in the trainer's process),
 run with ``--trl-python`` and this script both in one environment that has vLLM (on a CPU
 machine, the CPU build: docs/llm.md, "Installing vLLM"), so both sides use the same vLLM build.
@@ -49,11 +47,11 @@ from grpo import GRPOConfig, GRPOTrainer
 from grpo.llm import CausalLMPolicy, RewardFunctions, SamplingSettings
 from grpo.training.callbacks import Callback
 model_dir, steps, device, prompts = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
-bf16, engine, k, decoding = sys.argv[5] == "1", sys.argv[6], int(sys.argv[7]), sys.argv[8]
+bf16, engine, k = sys.argv[5] == "1", sys.argv[6], int(sys.argv[7])
 torch.manual_seed(0)
 tok = AutoTokenizer.from_pretrained(model_dir)
 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-sampling = SamplingSettings(max_new_tokens=32, temperature=1.0, decoding=decoding)
+sampling = SamplingSettings(max_new_tokens=32, temperature=1.0)
 policy = CausalLMPolicy(model, tok, sampling, autocast=bf16)
 reward = RewardFunctions(lambda p, c: [c_.count("7") / 32 for c_ in c])
 trainer = GRPOTrainer(GRPOConfig(group_size=8, batch_size=8, learning_rate=1e-5, kl_coeff=0.0, device=device,
@@ -174,6 +172,9 @@ def main() -> None:
     a = p.parse_args()
     if a.bf16 and not a.device.startswith("cuda"):
         p.error("--bf16 needs --device cuda (grpo's autocast is CUDA-only)")
+    bad = [s for s in a.sides if s not in ("trl", "trl-vllm") and len(s.split(":")) != 2]
+    if bad:
+        p.error(f"--sides {bad[0]}: expected ENGINE:K (e.g. hf:0, worker:1), trl or trl-vllm")
     model_dir, name, params, vocab = _model(a.model, a.heads)
     print(
         f"{name}, {params / 1e6:.2f}M parameters, vocab {vocab}; 8 prompts x 8 generations, 32 new "
@@ -217,10 +218,8 @@ def _measure(side: str, a: argparse.Namespace, model_dir: str) -> dict[str, floa
             return None
         extra = ["vllm"] if side == "trl-vllm" else []
         return run(a.trl_python, TRL, model_dir, a.steps, a.device, a.bf16, extra)
-    engine, k, *decoding = side.split(":")
-    return run(
-        sys.executable, OURS, model_dir, a.steps, a.device, a.bf16, (engine, k, *(decoding or ["auto"]))
-    )
+    engine, k = side.split(":")
+    return run(sys.executable, OURS, model_dir, a.steps, a.device, a.bf16, (engine, k))
 
 
 def _median(rows: list[dict[str, float]], key: str) -> float:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeGuard
 
@@ -184,22 +185,32 @@ def imported_modules(node: ast.Import | ast.ImportFrom, module: str, is_package:
     return subs | whole
 
 
-def package_edges() -> dict[tuple[str, str], list[str]]:
-    """(node, node) -> the ``file:line`` of every import that makes the edge: every import
-    statement anywhere in a module (module level, inside functions and classes, under
-    ``if TYPE_CHECKING:``), because a module that needs another's type or calls it lazily
-    depends on it all the same."""
+def import_edges(node: Callable[[str], str]) -> dict[tuple[str, str], list[str]]:
+    """(node, node) -> the ``file:line`` of every import that makes the edge, ``node`` mapping a
+    grpo module to its graph node: every import statement anywhere in a module (module level,
+    inside functions and classes, under ``if TYPE_CHECKING:``), because a module that needs
+    another's type or calls it lazily depends on it all the same."""
     edges: dict[tuple[str, str], list[str]] = {}
     for name, path in MODULES.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
-            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+        for stmt in ast.walk(tree):
+            if not isinstance(stmt, (ast.Import, ast.ImportFrom)):
                 continue
-            for target in imported_modules(node, name, path.name == "__init__.py"):
-                a, b = node_of(name), node_of(target)
+            for target in imported_modules(stmt, name, path.name == "__init__.py"):
+                a, b = node(name), node(target)
                 if a != b:
-                    edges.setdefault((a, b), []).append(f"{path.relative_to(ROOT)}:{node.lineno}")
+                    edges.setdefault((a, b), []).append(f"{path.relative_to(ROOT)}:{stmt.lineno}")
     return edges
+
+
+def package_edges() -> dict[tuple[str, str], list[str]]:
+    """The import edges between the package graph's nodes (`node_of`)."""
+    return import_edges(node_of)
+
+
+def module_edges() -> dict[tuple[str, str], list[str]]:
+    """The import edges between grpo's modules themselves (a package is its ``__init__``)."""
+    return import_edges(lambda module: module)
 
 
 def strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
@@ -294,6 +305,16 @@ def test_the_package_graph_has_no_cycle() -> None:
     assert ("config", "engine") not in edges  # config owns its fields' choices
     found = knots(edges)
     assert not found, "the package graph has a cycle:\n" + "\n".join(found)
+
+
+def test_the_module_graph_has_no_cycle() -> None:
+    """No module of grpo imports one that (through any chain, counting every import as
+    `import_edges` does) imports it back: inside a package too (a policy that builds its
+    engines, engines that take the policy's protocol, not its module)."""
+    edges = module_edges()
+    assert ("grpo.llm.policy", "grpo.llm.engines.worker") in edges  # the hook builds its engines
+    found = knots(edges)
+    assert not found, "the module graph has a cycle:\n" + "\n".join(found)
 
 
 # ---- private names across modules ---------------------------------------------------------------

@@ -129,7 +129,7 @@ def test_the_worker_copy_carries_the_sampling_settings_object_and_every_other_op
 
     sampling = SamplingSettings(
         max_new_tokens=5, min_new_tokens=1, temperature=0.7, top_p=0.9, top_k=7, min_p=0.05,
-        repetition_penalty=1.1, max_model_len=64, generation_batch_size=4, decoding="generate",
+        repetition_penalty=1.1, max_model_len=64, generation_batch_size=4,
     )  # fmt: skip
     assert all(getattr(sampling, f) != getattr(SamplingSettings(), f) for f in SamplingSettings.names())
     others = {

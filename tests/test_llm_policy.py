@@ -218,6 +218,37 @@ def test_generation_stops_on_eos_and_masks_by_position(tiny) -> None:
         policy.generate_actions(["x"], 2, num_beams=2)
 
 
+def test_per_row_budgets_cut_each_row_of_the_same_draw(tiny) -> None:
+    """`generate_from_ids` samples every row to the largest budget and cuts row i at its own
+    ``budgets[i]``: from the same seed each row is the prefix of the row drawn with no cut."""
+    tok, model = tiny["tok"], tiny["llama"]
+    rows = [torch.tensor(tok(p)["input_ids"]) for p in ["1+2=", "a", "a longer prompt here", "77"]]
+    policy = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=12, min_new_tokens=12))
+    torch.manual_seed(5)
+    whole = [c.token_ids.tolist() for c in policy.generate_from_ids(rows, [12] * 4)]
+    torch.manual_seed(5)
+    cut = policy.generate_from_ids(rows, [1, 7, 3, 12])
+    assert [len(w) for w in whole] == [12] * 4  # the EOS ban: every row runs to its budget
+    assert [c.token_ids.tolist() for c in cut] == [w[:b] for w, b in zip(whole, [1, 7, 3, 12], strict=True)]
+    assert [c.finished for c in cut] == [False, False, False, False]
+
+
+def test_sampling_computes_only_the_last_positions_logits(tiny) -> None:
+    """``generate``'s prefill asks the model for the last position's logits only (never the
+    (n, P, V) of every prompt position: with a real vocabulary and long prompts, gigabytes)."""
+    tok, model = tiny["tok"], tiny["llama"]
+    widths: list[int] = []
+    hook = model.lm_head.register_forward_hook(lambda m, args, out: widths.append(int(args[0].shape[1])))
+    try:
+        CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=3)).generate_actions(
+            ["a longer prompt here"], 2
+        )
+    finally:
+        hook.remove()
+    assert widths
+    assert set(widths) == {1}
+
+
 def test_constructor_errors(tiny) -> None:
     tok, model = tiny["tok"], tiny["llama"]
     with pytest.raises(ValueError, match=r"SamplingSettings.temperature=0.0 must be > 0"):

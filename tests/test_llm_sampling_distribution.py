@@ -116,7 +116,7 @@ def test_the_policys_own_top_k_still_truncates(tiny) -> None:
 def test_the_models_generation_config_is_put_back_when_generate_raises(tiny) -> None:
     tok, model = tiny["tok"], tiny["model"]
     own = model.generation_config
-    policy = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=1, decoding="generate"))
+    policy = CausalLMPolicy(model, tok, SamplingSettings(max_new_tokens=1))
     out_of_vocabulary = torch.tensor([3, model.config.vocab_size + 5])  # the embedding raises in generate
     with pytest.raises(IndexError):
         policy.generate_from_ids([out_of_vocabulary], [1])

@@ -29,7 +29,6 @@ from grpo.llm.tiny import build_tiny_model, build_tiny_tokenizer
         ("repetition_penalty", 0.0, r"SamplingSettings.repetition_penalty=0.0 must be > 0 \(1 = off\)"),
         ("max_model_len", 0, r"SamplingSettings.max_model_len=0 must be an integer >= 1 or None"),
         ("generation_batch_size", 0, r"SamplingSettings.generation_batch_size=0 must be an integer >= 1"),
-        ("decoding", "vllm", r"SamplingSettings.decoding='vllm': choose 'auto'.*or 'generate'"),
     ],
 )
 def test_every_field_is_checked_with_its_name_and_the_fix(field: str, value: Any, message: str) -> None:
@@ -97,7 +96,6 @@ def test_the_cli_builds_the_settings_once_from_its_flags(tmp_path) -> None:
     flags = {
         "max_new_tokens": 7, "min_new_tokens": 1, "temperature": 0.6, "top_p": 0.9, "top_k": 4,
         "min_p": 0.05, "repetition_penalty": 1.2, "max_model_len": 99, "generation_batch_size": 3,
-        "decoding": "generate",
     }  # fmt: skip
     assert set(flags) == set(SamplingSettings.names())
     argv = ["--model-name", "m", "--dataset", "d.jsonl"]
@@ -106,3 +104,26 @@ def test_the_cli_builds_the_settings_once_from_its_flags(tmp_path) -> None:
     tok = build_tiny_tokenizer(tmp_path)
     policy = build_policy(parse_args(argv), build_tiny_model(tmp_path, tok, hidden=16, layers=1), tok)
     assert policy.sampling == SamplingSettings(**flags)
+
+
+REMOVED = r"decoding was removed in grpo 0\.3 \(issue 42\): Hugging Face generate is the one .*Leave it out"
+
+
+def test_the_removed_decoding_setting_is_refused_naming_the_removal(tmp_path) -> None:
+    """``decoding`` (the KV-cache loop's switch) is gone: a keyword, a call's override, a
+    ``grpo-train`` flag and a config-file key naming it are refused saying so, not as unknown."""
+    from grpo.llm.cli_options import parse_args
+    from grpo.runtime.dataclass_args import UsageError
+
+    with pytest.raises(TypeError, match="SamplingSettings." + REMOVED):
+        SamplingSettings(decoding="generate")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="SamplingSettings." + REMOVED):
+        SamplingSettings().replace(decoding="auto")
+    base = ["--model-name", "m", "--dataset", "d.jsonl"]
+    with pytest.raises(UsageError, match=r"unrecognized arguments: --decoding generate \(--" + REMOVED):
+        parse_args([*base, "--decoding", "generate"])
+    config = tmp_path / "run.yaml"
+    config.write_text("decoding: auto\n")
+    with pytest.raises(UsageError, match=r"run\.yaml': " + REMOVED):
+        parse_args([*base, "--config", str(config)])
+    assert "decoding" not in SamplingSettings.names()

@@ -43,12 +43,13 @@ except ImportError as _e:  # pragma: no cover - exercised in a subprocess test
 from grpo.generation.pending_state import register_action_codec as _register_action_codec
 from grpo.llm import liger as _liger  # noqa: F401  (registers Liger's loss: use_liger_loss)
 from grpo.llm.checkpoint import LoadedCheckpoint, load_llm_checkpoint, save_llm_checkpoint
+from grpo.llm.completion import Completion
 from grpo.llm.completion_state import COMPLETIONS as _COMPLETIONS
 from grpo.llm.data import PromptBatches, PromptDataset, ShuffledRecords, prompt_text
 from grpo.llm.logprobs import chunked_token_logprobs, naive_token_logprobs
 from grpo.llm.lora import SeparateAdapterReference
 from grpo.llm.multiturn import Conversation, ConversationReward, MultiTurnPolicy, MultiTurnReference
-from grpo.llm.policy import CausalLMPolicy, Completion, DisabledAdapterReference
+from grpo.llm.policy import CausalLMPolicy, DisabledAdapterReference
 from grpo.llm.rewards import (
     RewardFunctions,
     RewardSignature,

@@ -47,54 +47,19 @@ and to W&B with ``--use-wandb``, every ``--logging-steps`` steps and at the last
 The command lives in four modules named after what they do: `grpo.llm.cli_options` (the option
 dataclasses, the parser, `parse_args`, the checks, `resolve_config`), `grpo.llm.cli_rewards` (the
 ``--reward`` functions), `grpo.llm.cli_outputs` (model saves, metric sinks, callbacks, checkpoint
-locations) and `grpo.llm.cli_run` (`train`, `main`); this module re-exports their public names.
+locations) and `grpo.llm.cli_run` (`train`, `main`); this module re-exports their public names
+(``__all__``: cli_options' and the command's entry points).
 """
 
 from __future__ import annotations
 
-from grpo.llm.cli_options import (
-    CONFIG_DEFAULTS,
-    EVAL_PREFIX,
-    CLIArgs,
-    DataOptions,
-    EnvironmentOptions,
-    EvaluationOptions,
-    GenerationOptions,
-    ModelOptions,
-    OutputOptions,
-    RewardOptions,
-    RunOptions,
-    build_config,
-    build_eval_options,
-    build_parser,
-    parse_args,
-    resolve_config,
-)
+from grpo.llm import cli_options
+from grpo.llm.cli_options import *  # noqa: F403  (the options, the parser, parse_args, ...)
 from grpo.llm.cli_rewards import build_rewards
 from grpo.llm.cli_run import load_starts, main, train
 
-__all__ = [
-    "CONFIG_DEFAULTS",
-    "EVAL_PREFIX",
-    "CLIArgs",
-    "DataOptions",
-    "EnvironmentOptions",
-    "EvaluationOptions",
-    "GenerationOptions",
-    "ModelOptions",
-    "OutputOptions",
-    "RewardOptions",
-    "RunOptions",
-    "build_config",
-    "build_eval_options",
-    "build_parser",
-    "build_rewards",
-    "load_starts",
-    "main",
-    "parse_args",
-    "resolve_config",
-    "train",
-]
+__all__ = ["build_rewards", "load_starts", "main", "train"]
+__all__ += cli_options.__all__
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())

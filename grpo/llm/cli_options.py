@@ -18,6 +18,7 @@ from grpo.algorithms.recipes import RECIPES, recipe_values
 from grpo.config import SPELLINGS, GRPOConfig, optimizer_steps_per_step
 from grpo.llm.cli_rewards import extractor_from_spec
 from grpo.llm.rewards import Convention
+from grpo.llm.sampling_settings import REMOVED_SETTINGS
 from grpo.runtime.dataclass_args import DataclassArgumentParser, ParsedValues
 from grpo.training.evaluation import EvalOptions
 
@@ -124,11 +125,6 @@ class GenerationOptions:
     repetition_penalty: float = _opt(1.0, "Repetition penalty (1 = off).")
     generation_batch_size: int | None = _opt(
         None, "Completions per generate call (a multiple of the group size); none = all at once."
-    )
-    decoding: Literal["auto", "generate"] = _opt(
-        "auto",
-        "auto: a plain KV-cache sampling loop when only the temperature and min-new-tokens shape "
-        "sampling (the tokens generate would draw, faster); generate: always Hugging Face generate.",
     )
 
 
@@ -282,6 +278,7 @@ def build_parser() -> DataclassArgumentParser:
         description="GRPO fine-tuning of a Hugging Face causal LM on a prompt dataset. Bool options: "
         "--flag, --flag true|false or --no-flag; options that may be unset take 'none'.",
         spellings=SPELLINGS,  # seed 003's --kl-coef, seed 001's adv_norm, ...: grpo.config
+        removed=REMOVED_SETTINGS,  # --decoding: refused with why
         allow_abbrev=False,  # an option is its whole name: no prefix of another knob
     )
     groups = {title: p.add_argument_group(title) for title, _ in OPTION_GROUPS}

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from grpo.generation.pending_state import describe_value
-from grpo.llm.policy import Completion
+from grpo.llm.completion import Completion
 
 __all__ = ["COMPLETIONS", "CompletionsCodec"]
 

@@ -54,7 +54,8 @@ from torch import Tensor, nn
 
 from grpo.algorithms.advantages import discounted_returns
 from grpo.envs.protocol import Message, TextEnvironment, Transition
-from grpo.llm.policy import CausalLMPolicy, Completion
+from grpo.llm.completion import Completion
+from grpo.llm.policy import CausalLMPolicy
 from grpo.llm.sampling_settings import SamplingSettings
 from grpo.policy_base import EntropyRequest, PolicyOutput, has_method
 from grpo.reward_model_base import StatelessReward

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
 import torch
@@ -34,8 +33,8 @@ from grpo.engine.deepspeed import gathered_state_dict, is_partitioned
 from grpo.engine.distributed import get_world_size, is_main_process
 from grpo.engine.fsdp import full_state_dict, is_fsdp_sharded, run_as_forward
 from grpo.llm._deps import require
+from grpo.llm.completion import Completion
 from grpo.llm.data import is_chat, prompt_text
-from grpo.llm.decode import StopTokens, sample_with_kv_cache
 from grpo.llm.generation_defaults import log_unapplied_checkpoint_settings, model_generation_defaults_off
 from grpo.llm.logprobs import checked_compile_option, chunked_token_logprobs
 from grpo.llm.lora import REFERENCE_ADAPTER, SeparateAdapterReference, add_reference_adapter
@@ -45,80 +44,9 @@ from grpo.policy_base import EntropyRequest, PolicyOutput, entropy_grad_mode
 
 __all__ = [
     "CausalLMPolicy",
-    "Completion",
     "DisabledAdapterReference",
     "LMHeadInputs",
 ]
-
-
-@dataclass(frozen=True, eq=False)
-class Completion:
-    """One sampled completion (the action of the LLM path).
-
-    Attributes:
-        prompt_ids: (P,) int64, the prompt's token ids (no padding), on CPU.
-        token_ids: (T,) int64, the completion's token ids, ending with the EOS token when
-            ``finished``; no padding. On CPU.
-        text: the decoded completion (special tokens skipped).
-        finished: True if generation stopped at an EOS token, False if cut at the token limit
-            (``max_new_tokens``, or what ``max_model_len`` leaves after the prompt).
-        temperature: the temperature it was sampled at (log-probs are computed at it).
-        min_new_tokens: EOS was forbidden at its first ``min_new_tokens`` positions when it was
-            sampled; log-probs are computed with the same ban (the density it was drawn from).
-        loss_mask: None (every token is the model's and scored), or (T,) bool: False at tokens
-            that stay in the context but are not the model's (a multi-turn episode's environment
-            tokens, `grpo.llm.multiturn`): their log-probs are 0 and masked out of the loss.
-    """
-
-    prompt_ids: Tensor
-    token_ids: Tensor
-    text: str
-    finished: bool
-    temperature: float = 1.0
-    min_new_tokens: int = 0
-    loss_mask: Tensor | None = None
-
-    def __len__(self) -> int:
-        return int(self.token_ids.shape[0])
-
-    @property
-    def truncated(self) -> bool:
-        """True when it hit the token limit without ending (``not finished``): the generic flag
-        ``GRPOConfig.mask_truncated_completions`` and the step's ``completion/*`` metrics read."""
-        return not self.finished
-
-    def __str__(self) -> str:
-        return self.text
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        """Pickle the ids as lists of ints (a worker's reply, a process boundary): torch's reducer
-        costs ~60 us a tensor (10 ms a batch of 64 on a small CPU), lists a few percent of it."""
-        mask = None if self.loss_mask is None else self.loss_mask.tolist()
-        ids = (self.prompt_ids.tolist(), self.token_ids.tolist())
-        return _completion_from_lists, (
-            *ids,
-            self.text,
-            self.finished,
-            self.temperature,
-            self.min_new_tokens,
-            mask,
-        )
-
-
-def _completion_from_lists(
-    prompt_ids: list[int],
-    token_ids: list[int],
-    text: str,
-    finished: bool,
-    temperature: float,
-    min_new_tokens: int,
-    loss_mask: list[bool] | None,
-) -> Completion:
-    """`Completion.__reduce__`'s inverse: int64 (and bool) tensors on CPU."""
-    mask = None if loss_mask is None else torch.tensor(loss_mask, dtype=torch.bool)
-    prompt = torch.tensor(prompt_ids, dtype=torch.long)
-    tokens = torch.tensor(token_ids, dtype=torch.long)
-    return Completion(prompt, tokens, text, finished, temperature, min_new_tokens, mask)
 
 
 def _is_peft(model: Any) -> bool:
@@ -248,8 +176,8 @@ def _renormalised_without_eos(
 
 
 class _SamplingCall(NamedTuple):
-    """How one ``generate`` call (or KV-cache loop) samples: the ``GenerationConfig``, the
-    sampling settings, and ``synced`` (every process steps until all are done: ZeRO-3 / FSDP)."""
+    """How one ``generate`` call samples: the ``GenerationConfig``, the sampling settings, and
+    ``synced`` (every process steps until all are done: ZeRO-3 / FSDP)."""
 
     gen_cfg: Any
     opts: SamplingSettings
@@ -292,7 +220,7 @@ class CausalLMPolicy:
         model: an ``AutoModelForCausalLM`` model, or a PEFT model wrapping one (LoRA).
         tokenizer: its tokenizer. If it has no pad token, the EOS token is used for padding.
         sampling: the `SamplingSettings` (temperature, top-p / top-k / min-p, repetition penalty,
-            token limits, context window, batch and decoding route); None = the defaults
+            token limits, context window, batch); None = the defaults
             (``SamplingSettings()``: temperature 1, nothing truncated, 256 new tokens). A call may
             override any of them (``generate_actions(..., temperature=t)``).
         use_chat_template: None = render chat prompts (message lists) with the tokenizer's chat
@@ -616,26 +544,14 @@ class CausalLMPolicy:
     def _sample_ids(
         self, ids: Tensor, attn: Tensor, call: _SamplingCall, with_log_probs: bool
     ) -> tuple[Tensor, Tensor | None]:
-        """(n, T') ids sampled after the left-padded prompts ``ids`` (n, P) (pad after a row's
-        EOS) and, with ``with_log_probs``, their (n, T') sampler log-probs: by the KV-cache loop
-        (`grpo.llm.decode`, bitwise generate's samples) where `uses_kv_loop`, else by ``generate``
-        with `ChosenTokenLogProbs` reading the scores it samples from."""
+        """(n, T') ids sampled by ``generate`` after the left-padded prompts ``ids`` (n, P) (pad
+        after a row's EOS) and, with ``with_log_probs``, their (n, T') sampler log-probs
+        (`ChosenTokenLogProbs` reading the scores ``generate`` samples from)."""
         # inference mode (9 % faster decoding on a tiny CPU model than no_grad) except where
         # ZeRO-3 / FSDP gather weights during generation: tensors they allocate here would be
         # inference tensors in the training forward. What leaves `_generate_rows` is built outside.
         gen_cfg, opts, synced = call
         no_autograd = torch.no_grad() if self.is_partitioned else torch.inference_mode()
-        if self.uses_kv_loop(opts, synced):
-            with no_autograd, self._autocast():
-                return sample_with_kv_cache(
-                    self.model,
-                    self._causal_lm(),
-                    ids,
-                    attn,
-                    settings=opts.replace(max_new_tokens=int(gen_cfg.max_new_tokens)),
-                    stop=StopTokens(self.eos_token_ids, self.pad_token_id),
-                    with_log_probs=with_log_probs,
-                )
         transformers = require("transformers")
         recorder = ChosenTokenLogProbs(opts.temperature) if with_log_probs else None
         extra = {} if recorder is None else {"logits_processor": recorder.processors(transformers)}
@@ -646,13 +562,6 @@ class CausalLMPolicy:
             )
         comp = seqs[:, ids.shape[1] :]
         return comp, (None if recorder is None else recorder.finish(comp))
-
-    def uses_kv_loop(self, opts: SamplingSettings, synced: bool = False) -> bool:
-        """Whether sampling with ``opts`` runs the KV-cache loop (`grpo.llm.decode`, the twin of
-        ``generate``): with ``decoding="auto"``, when only the temperature and ``min_new_tokens``
-        shape the distribution and the weights are not partitioned over processes (``synced``:
-        generation must keep the processes in step, which ``generate`` does)."""
-        return opts.decoding == "auto" and opts.only_temperature and not synced and not self.is_partitioned
 
     def generate_actions_with_sampler_log_probs(
         self, states: Sequence[Any], num_actions_per_state: int, **kwargs: Any

@@ -16,13 +16,22 @@ top-k / top-p / min-p truncation and the repetition penalty shape sampling only 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-__all__ = ["Decoding", "SamplingSettings"]
+__all__ = ["REMOVED_SETTINGS", "SamplingSettings"]
 
-Decoding = Literal["auto", "generate"]
+#: Sampling settings that existed and were removed, with what to do instead: a config file, a
+#: flag or a keyword that still names one is refused with this text (not "unknown").
+REMOVED_SETTINGS: dict[str, str] = {
+    "decoding": (
+        "was removed in grpo 0.3 (issue 42): Hugging Face generate is the one in-process sampler "
+        "(the KV-cache loop of decoding='auto' drew generate's tokens bitwise and bought no "
+        "measurable share of a step, benchmarks/RESULTS.md). Leave it out: every run samples as "
+        "before"
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -62,12 +71,6 @@ class SamplingSettings:
     ``hf_generate_chunk_size`` (prompts per call) is this divided by G. Chunking keeps the
     sampling distribution; the samples differ from one call's for the same seed (the random
     stream is consumed in another order). The vLLM engines schedule by themselves and ignore it."""
-    decoding: Decoding = "auto"
-    """Which in-process sampler runs: ``"auto"`` = the KV-cache loop `grpo.llm.decode` (the fast
-    twin of ``generate``: bitwise its tokens) when only the temperature and ``min_new_tokens``
-    shape the distribution and the weights are not partitioned, else Hugging Face ``generate``;
-    ``"generate"`` = always ``generate`` (a model whose ``generate`` does more than a KV-cache
-    decode needs it). The engines that sample elsewhere (vLLM) ignore it."""
 
     def __post_init__(self) -> None:
         for name in ("max_new_tokens", "min_new_tokens", "top_k"):
@@ -81,9 +84,15 @@ class SamplingSettings:
             object.__setattr__(self, name, float(value))
         _check_ranges(self)
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> SamplingSettings:
+        """Refuse a removed setting (`REMOVED_SETTINGS`) by name, before the fields are read."""
+        _refuse_removed(kwargs)
+        return super().__new__(cls)
+
     def replace(self, **overrides: Any) -> SamplingSettings:
-        """A copy with ``overrides`` (checked as a new object is); TypeError naming an unknown
-        name and listing the known ones."""
+        """A copy with ``overrides`` (checked as a new object is); TypeError naming a removed
+        setting and what to do, or an unknown name and the known ones."""
+        _refuse_removed(overrides)
         unknown = sorted(set(overrides) - set(self.names()))
         if unknown:
             raise TypeError(f"unknown sampling settings {unknown}; known: {sorted(self.names())}.")
@@ -149,8 +158,10 @@ def _check_ranges(s: SamplingSettings) -> None:
         value = getattr(s, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"SamplingSettings.{name}={value!r} must be an integer >= 1 or None (no limit).")
-    if s.decoding not in ("auto", "generate"):
-        raise ValueError(
-            f"SamplingSettings.decoding={s.decoding!r}: choose 'auto' (the KV-cache loop where it "
-            "applies, else generate) or 'generate' (always Hugging Face generate)."
-        )
+
+
+def _refuse_removed(names: Iterable[str]) -> None:
+    """TypeError for the first of ``names`` that is a removed setting, saying why and what to do."""
+    for name in names:
+        if name in REMOVED_SETTINGS:
+            raise TypeError(f"SamplingSettings.{name} {REMOVED_SETTINGS[name]}.")

@@ -492,7 +492,9 @@ class DataclassArgumentParser(argparse.ArgumentParser):
     values with what was explicit; see the module docstring for types and precedence.
     ``spellings``: the alias table of the fields (`grpo.runtime.spellings.Spelling`): its accepted
     spellings are flags and file keys too (module docstring), and every entry is offered for an
-    unknown name (`grpo.runtime.spellings.did_you_mean`).
+    unknown name (`grpo.runtime.spellings.did_you_mean`). ``removed``: names of options that were
+    removed -> why and what to do (``"decoding": "was removed ...; leave it out"``); a flag or file
+    key naming one is refused with that text instead of a guess.
 
     A field name already added (by an earlier dataclass) is skipped: the first dataclass to
     declare a name owns its option, and both read the same value."""
@@ -502,6 +504,7 @@ class DataclassArgumentParser(argparse.ArgumentParser):
         *args: Any,
         config_option: str | None = "--config",
         spellings: Mapping[str, Spelling] | None = None,
+        removed: Mapping[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("formatter_class", DataclassHelpFormatter)
@@ -511,6 +514,7 @@ class DataclassArgumentParser(argparse.ArgumentParser):
         self.config_option = config_option
         self.spellings: dict[str, Spelling] = dict(spellings or {})
         self.spelled: dict[str, FieldOption] = {}  # spellings with mapped values: their own options
+        self.removed: dict[str, str] = dict(removed or {})
         if config_option is not None:
             self.add_argument(
                 config_option,
@@ -604,6 +608,9 @@ class DataclassArgumentParser(argparse.ArgumentParser):
         `ValueError` naming the file for a key that is no option (with the close spellings), a
         field given twice (by two of its names) and a value that does not fit."""
         raw = read_config_file(path)
+        gone = [k for k in raw if k in self.removed]
+        if gone:
+            raise ValueError(f"config file {str(path)!r}: {gone[0]} {self.removed[gone[0]]}.")
         unknown = [k for k in raw if k not in self.keys and k not in self.spelled]
         if unknown:
             raise ValueError(
@@ -662,6 +669,9 @@ class DataclassArgumentParser(argparse.ArgumentParser):
             if not tok.startswith("--"):
                 continue
             key = tok[2:].split("=", 1)[0].replace("-", "_")
+            if key in self.removed:
+                notes.append(f"{tok.split('=', 1)[0]} {self.removed[key]}")
+                continue
             meant = did_you_mean(key, list(self.keys), self.spellings)
             shown = sorted({flags[self.keys[m]] for m in meant})
             if shown:

@@ -6,5 +6,7 @@
 `vllm_worker_extension` loaded into it for weight sync. All satisfy
 `grpo.generation.GenerationEngine` and take the policy's `grpo.llm.SamplingSettings`;
 `CausalLMPolicy.generation_engine(name, seed=...)` builds the one ``GRPOConfig.generation_engine``
-names. Nothing here is imported by ``import grpo.llm``.
+names. The engines read the policy through `causal_lm.CausalLM` (a protocol) and build
+`grpo.llm.completion.Completion` s, and import no module of the policy's: the policy imports
+them. Nothing here is imported by ``import grpo.llm``.
 """

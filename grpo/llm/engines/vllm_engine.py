@@ -56,7 +56,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -64,14 +64,18 @@ from torch import Tensor
 
 from grpo.engine.distributed import get_world_size
 from grpo.generation.engine import Generated
-from grpo.llm.policy import CausalLMPolicy, Completion
+from grpo.llm.completion import Completion
+from grpo.llm.engines.causal_lm import CausalLM
 from grpo.llm.sampling_settings import SamplingSettings
 from grpo.policy_base import PolicyModel, PolicyOutput
 from grpo.runtime.extras import install_hint
 
 __all__ = [
     "CPU_KV_CACHE_GIB",
+    "FutureGeneration",
     "VLLMEngine",
+    "VLLMEngineBase",
+    "VLLMJob",
     "VLLMSample",
     "completions_and_log_probs",
     "preserved_global_rng",
@@ -140,30 +144,6 @@ def sampling_params_kwargs(
         "seed": seed,
         "detokenize": False,
     }
-
-
-class VLLMJob(NamedTuple):
-    """One generation job as `generated_from_samples` reads it: the states (B), their prompt ids
-    (B lists), the policy version loaded in vLLM, and the job's start (``time.perf_counter()``)."""
-
-    states: Any
-    prompts: list[list[int]]
-    version: int
-    t0: float
-
-
-def generated_from_samples(
-    policy: Any, job: VLLMJob, samples: Any, opts: Any, device: torch.device
-) -> tuple[Generated, dict[str, float]]:
-    """vLLM's samples (B lists of G, from this process or a server) for ``job`` -> the
-    `Generated` of policy version ``job.version`` and the generation's figures (completion
-    tokens, seconds since ``job.t0``)."""
-    actions, logp = completions_and_log_probs(
-        policy.tokenizer, job.prompts, samples, policy.eos_token_ids, opts, device
-    )
-    tokens = sum(len(s.token_ids) for group in samples for s in group)
-    figures = {"completion_tokens": float(tokens), "seconds": time.perf_counter() - job.t0}
-    return Generated(job.states, actions, logp, job.version), figures
 
 
 def request_seeds(seed: int, job: int, num_prompts: int, group_size: int) -> list[int]:
@@ -381,8 +361,8 @@ def _vllm_shutdown(llm: Any) -> None:
 
 
 # ---- the engine ------------------------------------------------------------------------------
-class _FutureGeneration:
-    """A generation running on the engine's thread; ``result()`` waits for it."""
+class FutureGeneration:
+    """A generation running on an engine's thread; ``result()`` waits for it."""
 
     def __init__(self, future: Future[Generated]) -> None:
         self._future = future
@@ -391,9 +371,110 @@ class _FutureGeneration:
         return self._future.result()
 
 
-def _checked_policy(policy: PolicyModel) -> CausalLMPolicy:
+class VLLMJob(NamedTuple):
+    """One generation job: the states (B), their prompt ids (B lists), the sampling settings,
+    each prompt's token budget and request seed (B each), and the job's start
+    (``time.perf_counter()``)."""
+
+    states: Any
+    prompts: list[list[int]]
+    opts: SamplingSettings
+    budgets: list[int]
+    seeds: list[int]
+    t0: float
+
+
+E = TypeVar("E", bound="VLLMEngineBase")
+
+
+class VLLMEngineBase:
+    """What the vLLM engines share (`VLLMEngine` in this process,
+    `grpo.llm.engines.vllm_server.VLLMServerEngine` over HTTP): the job count that seeds each
+    job's requests (`request_seeds`: equal seeds for the same job of an interrupted and a resumed
+    run), the weight versions, and a job's two ends: `next_job` (prompts, budgets, seeds) and
+    `generated` (vLLM's samples -> `Generated`). A subclass samples and moves weights."""
+
+    owns_weights = True
+
+    def __init__(self, policy: CausalLM, seed: int) -> None:
+        self.policy = policy
+        self.seed = int(seed)
+        self._jobs = 0  # jobs submitted (or skipped): job j's requests are seeded with (seed, j)
+        self._version = 0  # the last sync submitted
+        self.loaded_version = 0  # the weights generations now use (set on the engine's thread)
+        self._closed = False
+        self.last_sync_seconds = 0.0
+        self.last_sync_bytes = 0
+        self.last_generation: dict[str, float] = {}
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def next_job(self, states: Any, num_actions_per_state: int, overrides: dict[str, Any]) -> VLLMJob:
+        """The next job (counted): the policy's sampling settings with ``overrides``
+        (`grpo.llm.SamplingSettings` fields), the encoded prompts, their budgets
+        (`SamplingSettings.completion_budgets`) and request seeds for G samples each."""
+        self._check_open()
+        opts = self.policy.sampling.replace(**overrides)
+        prompts = [self.policy.encode_prompt(s) for s in states]
+        budgets = opts.completion_budgets([len(p) for p in prompts])
+        seeds = request_seeds(self.seed, self._jobs, len(prompts), int(num_actions_per_state))
+        self._jobs += 1
+        return VLLMJob(states, prompts, opts, budgets, seeds, time.perf_counter())
+
+    def generated(self, job: VLLMJob, samples: Any, device: torch.device) -> Generated:
+        """vLLM's samples for ``job`` (B lists of G `VLLMSample` s) -> the `Generated` of the
+        loaded weights' version, with its tensors on ``device``; ``last_generation`` = the
+        completion tokens and the seconds since the job was submitted."""
+        opts, policy = job.opts, self.policy
+        actions, logp = completions_and_log_probs(
+            policy.tokenizer, job.prompts, samples, policy.eos_token_ids, opts, device
+        )
+        tokens = sum(len(s.token_ids) for group in samples for s in group)
+        self.last_generation = {"completion_tokens": float(tokens), "seconds": time.perf_counter() - job.t0}
+        return Generated(job.states, actions, logp, self.loaded_version)
+
+    def skip_job(self) -> None:
+        """Count one generation job without running it: a batch restored from a checkpoint
+        (`grpo.generation.async_rollouts.PrefetchingEngine.load_state_dict`) took its number, so
+        the next job is seeded as the uninterrupted run seeded it (as `WorkerEngine.skip_job`)."""
+        self._jobs += 1
+
+    def start_sync(self, version: int) -> None:
+        """Record ``version`` as the weights of the jobs submitted from now on. A new engine for
+        a resumed trainer starts counting jobs at it: its next job is the batch of step
+        ``version``, seeded as the first run seeded it."""
+        self._check_open()
+        if self._jobs == 0 and version > 0:
+            self._jobs = int(version)
+        self._version = int(version)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"this {type(self).__name__} is closed; build a new one.")
+
+    def close(self) -> None:
+        """Free what the engine holds (`shutdown`, once); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """What `close` runs once: a subclass frees what it holds."""
+        raise NotImplementedError
+
+    def __enter__(self: E) -> E:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _checked_policy(policy: PolicyModel) -> CausalLM:
     """``policy`` as a single-process `CausalLMPolicy`, or a clear error."""
-    if not isinstance(policy, CausalLMPolicy):
+    if not isinstance(policy, CausalLM):
         raise TypeError(
             f"VLLMEngine generates for a grpo.llm.CausalLMPolicy; got {type(policy).__name__}. Use "
             "generation_engine='hf' or 'worker' for other policies."
@@ -406,7 +487,7 @@ def _checked_policy(policy: PolicyModel) -> CausalLMPolicy:
     return policy
 
 
-class VLLMEngine:
+class VLLMEngine(VLLMEngineBase):
     """A `GenerationEngine` over a ``vllm.LLM`` colocated with the trainer (`for_policy`).
 
     Attributes:
@@ -417,24 +498,14 @@ class VLLMEngine:
         last_generation: ``{"completion_tokens", "seconds"}`` of the last generation.
     """
 
-    owns_weights = True
-
-    def __init__(self, llm: Any, policy: CausalLMPolicy, workdir: Path, *, seed: int) -> None:
+    def __init__(self, llm: Any, policy: CausalLM, workdir: Path, *, seed: int) -> None:
+        super().__init__(policy, seed)
         self._llm = llm
         self._vllm = require_vllm()
-        self.policy = policy
         self.workdir = workdir
-        self.seed = int(seed)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-vllm")
-        self._version = 0  # the last sync submitted
-        self._loaded_version = 0  # the weights generations now use (the engine's thread)
         self._device_type = _vllm_device_type()
-        self._jobs = 0
         self._lora: Any = None
-        self._closed = False
-        self.last_sync_seconds = 0.0
-        self.last_sync_bytes = 0
-        self.last_generation: dict[str, float] = {}
         if policy.is_peft:
             path, _ = self._save_adapter(policy, 0)
             self._lora = _vllm_lora_request(importlib.import_module("vllm.lora.request"), 0, path)
@@ -496,67 +567,37 @@ class VLLMEngine:
             raise
         return cls(llm, lm, workdir, seed=seed)
 
-    @property
-    def version(self) -> int:
-        return self._version
-
     # ---- generation --------------------------------------------------------------------------
     def submit(
         self, states: Any, num_actions_per_state: int, *, with_log_probs: bool, **kwargs: Any
-    ) -> _FutureGeneration:
+    ) -> FutureGeneration:
         """Queue the generation of G = ``num_actions_per_state`` completions per state (``kwargs``:
         the policy's sampling overrides: `grpo.llm.SamplingSettings` fields). The sampler's
         log-probs come back whether or not ``with_log_probs`` asks for them (they cost nothing)."""
-        self._check_open()
-        policy = self.policy
-        opts = policy.sampling.replace(**kwargs)
-        g = int(num_actions_per_state)
-        prompts = [policy.encode_prompt(s) for s in states]
-        budgets = opts.completion_budgets([len(p) for p in prompts])
-        seeds = request_seeds(self.seed, self._jobs, len(prompts), g)
-        self._jobs += 1
+        g, eos = int(num_actions_per_state), self.policy.eos_token_ids
+        job = self.next_job(states, g, kwargs)
         params = [
-            sampling_params_kwargs(opts, n=g, max_tokens=b, eos_token_ids=policy.eos_token_ids, seed=s)
-            for b, s in zip(budgets, seeds, strict=True)
+            sampling_params_kwargs(job.opts, n=g, max_tokens=b, eos_token_ids=eos, seed=s)
+            for b, s in zip(job.budgets, job.seeds, strict=True)
         ]
-        future = self._executor.submit(self._generate, states, prompts, params, opts, policy.device)
-        return _FutureGeneration(future)
+        return FutureGeneration(self._executor.submit(self._generate, job, params, self.policy.device))
 
-    def _generate(
-        self,
-        states: Any,
-        prompts: list[list[int]],
-        params: list[dict[str, Any]],
-        opts: SamplingSettings,
-        device: torch.device,
-    ) -> Generated:
+    def _generate(self, job: VLLMJob, params: list[dict[str, Any]], device: torch.device) -> Generated:
         """Runs on the engine's thread: vLLM's samples -> `Generated` (version: the loaded one)."""
-        t0 = time.perf_counter()
         with preserved_global_rng():  # vLLM's CPU sampler draws from torch's global generator
-            samples = _vllm_generate(self._vllm, self._llm, prompts, params, self._lora)
-        job = VLLMJob(states, prompts, self._loaded_version, t0)
-        generated, self.last_generation = generated_from_samples(self.policy, job, samples, opts, device)
-        return generated
+            samples = _vllm_generate(self._vllm, self._llm, job.prompts, params, self._lora)
+        return self.generated(job, samples, device)
 
     # ---- weights -----------------------------------------------------------------------------
-    def skip_job(self) -> None:
-        """Count one generation job without running it: a batch restored from a checkpoint
-        (`grpo.generation.async_rollouts.PrefetchingEngine.load_state_dict`) took its number, so
-        the next job is seeded as the uninterrupted run seeded it (as `WorkerEngine.skip_job`)."""
-        self._jobs += 1
-
     def sync(self, policy: PolicyModel, version: int) -> None:
         """The trainer's weights after ``version`` updates, for the generations submitted after
         this call. LoRA: the adapter is saved now and switched to on the engine's thread (the
         call returns at once). Full: waits for the generations queued before, then copies the
         trainable parameters into vLLM's model (the trainer is not updating meanwhile)."""
-        self._check_open()
         lm = _checked_policy(policy)
         if lm.is_peft != (self._lora is not None):
             raise ValueError("sync() got a policy with(out) LoRA unlike the one the engine was built for.")
-        if self._jobs == 0 and version > 0:  # a new engine for a resumed trainer: its next job is
-            self._jobs = int(version)  # the batch of step `version`, seeded as the first run seeded it
-        self._version = int(version)
+        self.start_sync(version)
         t0 = time.perf_counter()
         if self._lora is not None:
             path, nbytes = self._save_adapter(lm, int(version))
@@ -575,15 +616,15 @@ class VLLMEngine:
             _vllm_load_weights(self._llm, weights)
         if self._device_type == "cuda":
             torch.cuda.synchronize()
-        self._loaded_version = version
+        self.loaded_version = version
 
     def _switch_adapter(self, request: Any, version: int) -> None:
         previous = self._lora
-        self._lora, self._loaded_version = request, version
+        self._lora, self.loaded_version = request, version
         if previous is not None and previous.lora_path != request.lora_path:
             shutil.rmtree(previous.lora_path, ignore_errors=True)
 
-    def _save_adapter(self, policy: CausalLMPolicy, version: int) -> tuple[str, int]:
+    def _save_adapter(self, policy: CausalLM, version: int) -> tuple[str, int]:
         """Save the active LoRA adapter for ``version``: (its directory, its file's bytes)."""
         target = self.workdir / f"adapter-v{version}"
         name = _active_adapter(policy.model)
@@ -593,16 +634,9 @@ class VLLMEngine:
         return str(path), nbytes
 
     # ---- shutdown ----------------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("this VLLMEngine is closed; build a new one (VLLMEngine.for_policy).")
-
-    def close(self) -> None:
+    def shutdown(self) -> None:
         """Wait for the queued work, free vLLM (GPU memory, process groups) and the saved
-        weights. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+        weights (once, by `close`)."""
         self._executor.shutdown(wait=True)
         llm, self._llm = self._llm, None
         try:
@@ -614,14 +648,8 @@ class VLLMEngine:
                 torch.cuda.empty_cache()
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self) -> VLLMEngine:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _save_model(policy: CausalLMPolicy, model_dir: Path) -> dict[str, Any]:
+def _save_model(policy: CausalLM, model_dir: Path) -> dict[str, Any]:
     """Save the model vLLM loads (LoRA: the base weights) and the tokenizer to ``model_dir``;
     returns the ``vllm.LLM`` arguments LoRA needs (none without it)."""
     extra: dict[str, Any] = {}

@@ -32,23 +32,24 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from grpo.generation.engine import Generated
+from grpo.llm.engines.causal_lm import CausalLM
 from grpo.llm.engines.vllm_engine import (
+    FutureGeneration,
+    VLLMEngineBase,
     VLLMJob,
     VLLMSample,
-    generated_from_samples,
-    request_seeds,
     sampling_params_kwargs,
 )
 from grpo.llm.engines.vllm_worker_extension import GROUP_TIMEOUT, flat_buffers, unflatten, weight_spec
-from grpo.llm.policy import CausalLMPolicy
 from grpo.llm.sampling_settings import SamplingSettings
 from grpo.policy_base import PolicyModel
 
@@ -92,15 +93,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class _FutureGeneration:
-    def __init__(self, future: Future[Generated]) -> None:
-        self._future = future
-
-    def result(self) -> Generated:
-        return self._future.result()
-
-
-class VLLMServerEngine:
+class VLLMServerEngine(VLLMEngineBase):
     """A `GenerationEngine` over a running vLLM server (module docstring).
 
     Args:
@@ -115,8 +108,6 @@ class VLLMServerEngine:
     ``last_generation`` as `grpo.llm.engines.vllm_engine.VLLMEngine`'s.
     """
 
-    owns_weights = True
-
     def __init__(
         self,
         url: str,
@@ -126,7 +117,7 @@ class VLLMServerEngine:
         weight_sync_host: str = "127.0.0.1",
         timeout: float = 600.0,
     ) -> None:
-        if not isinstance(policy, CausalLMPolicy):
+        if not isinstance(policy, CausalLM):
             raise TypeError(
                 f"VLLMServerEngine generates for a grpo.llm.CausalLMPolicy; got {type(policy).__name__}."
             )
@@ -135,15 +126,11 @@ class VLLMServerEngine:
                 "VLLMServerEngine pushes full weights; a LoRA policy is not supported yet (use "
                 "generation_engine='vllm' or 'worker', or merge the adapter)."
             )
-        self.url, self.policy, self.timeout = url.rstrip("/"), policy, float(timeout)
-        self.seed = 0 if seed is None else int(seed)
+        super().__init__(policy, 0 if seed is None else seed)
+        self.url, self.timeout = url.rstrip("/"), float(timeout)
         self.model = self._model_name()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-vllm-server")
         self._requests = ThreadPoolExecutor(max_workers=8, thread_name_prefix="grpo-vllm-http")
-        self._version = self._loaded_version = self._jobs = 0
-        self._closed = False
-        self.last_sync_seconds, self.last_sync_bytes = 0.0, 0
-        self.last_generation: dict[str, float] = {}
         self._group = self._init_group(weight_sync_host)
 
     # ---- HTTP --------------------------------------------------------------------------------
@@ -194,58 +181,31 @@ class VLLMServerEngine:
         return group
 
     # ---- generation --------------------------------------------------------------------------
-    @property
-    def version(self) -> int:
-        return self._version
-
     def submit(
         self, states: Any, num_actions_per_state: int, *, with_log_probs: bool, **kwargs: Any
-    ) -> _FutureGeneration:
+    ) -> FutureGeneration:
         """Queue G = ``num_actions_per_state`` completions per state (``kwargs``: the policy's
         sampling overrides); the sampler's log-probs always come back."""
-        self._check_open()
-        policy = self.policy
-        opts = policy.sampling.replace(**kwargs)
-        g = int(num_actions_per_state)
-        prompts = [policy.encode_prompt(s) for s in states]
-        budgets = opts.completion_budgets([len(p) for p in prompts])
-        seeds = request_seeds(self.seed, self._jobs, len(prompts), g)
-        self._jobs += 1
-        eos = policy.eos_token_ids
+        g, eos = int(num_actions_per_state), self.policy.eos_token_ids
+        job = self.next_job(states, g, kwargs)
         bodies = [
-            completion_request(self.model, p, opts, n=g, max_tokens=b, eos_token_ids=eos, seed=s)
-            for p, b, s in zip(prompts, budgets, seeds, strict=True)
+            completion_request(self.model, p, job.opts, n=g, max_tokens=b, eos_token_ids=eos, seed=s)
+            for p, b, s in zip(job.prompts, job.budgets, job.seeds, strict=True)
         ]
-        return _FutureGeneration(self._executor.submit(self._generate, states, prompts, bodies, opts))
+        return FutureGeneration(self._executor.submit(self._generate, job, bodies, self.policy.device))
 
-    def _generate(
-        self, states: Any, prompts: list[list[int]], bodies: list[dict[str, Any]], opts: SamplingSettings
-    ) -> Generated:
-        t0 = time.perf_counter()
+    def _generate(self, job: VLLMJob, bodies: list[dict[str, Any]], device: torch.device) -> Generated:
+        """Runs on the engine's thread: the server's answers -> `Generated` (the loaded version)."""
         answers = list(self._requests.map(lambda b: self._post("/v1/completions", b), bodies))
-        samples = [samples_from_response(a) for a in answers]
-        job = VLLMJob(states, prompts, self._loaded_version, t0)
-        generated, self.last_generation = generated_from_samples(
-            self.policy, job, samples, opts, self.policy.device
-        )
-        return generated
+        return self.generated(job, [samples_from_response(a) for a in answers], device)
 
     # ---- weights -----------------------------------------------------------------------------
-    def skip_job(self) -> None:
-        """Count one generation job without running it: a batch restored from a checkpoint
-        (`grpo.generation.async_rollouts.PrefetchingEngine.load_state_dict`) took its number, so
-        the next job is seeded as the uninterrupted run seeded it (as `WorkerEngine.skip_job`)."""
-        self._jobs += 1
-
     def sync(self, policy: PolicyModel, version: int) -> None:
         """Push ``policy``'s trainable parameters (tagged ``version``) to the server after the
         generations queued before; waits until the server has loaded them."""
-        self._check_open()
-        if not isinstance(policy, CausalLMPolicy) or policy.is_peft:
+        if not isinstance(policy, CausalLM) or policy.is_peft:
             raise ValueError("VLLMServerEngine.sync takes the full-weight CausalLMPolicy it was built for.")
-        if self._jobs == 0 and version > 0:  # a resumed trainer: job `version` is step `version`'s
-            self._jobs = int(version)
-        self._version = int(version)
+        self.start_sync(version)
         weights = [(n, p.detach().to("cpu")) for n, p in policy.get_parameters().items()]
         t0 = time.perf_counter()
         self._executor.submit(self._push, weights, int(version)).result()
@@ -278,18 +238,12 @@ class VLLMServerEngine:
         if errors or sender.is_alive():
             raise RuntimeError(f"the weight broadcast to {self.url} failed: {errors or 'timed out'}")
         self._post("/reset_prefix_cache", None)
-        self._loaded_version = version
+        self.loaded_version = version
 
     # ---- shutdown ----------------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("this VLLMServerEngine is closed; build a new one.")
-
-    def close(self) -> None:
-        """Wait for the queued work and leave the weight group (the server keeps running)."""
-        if self._closed:
-            return
-        self._closed = True
+    def shutdown(self) -> None:
+        """Wait for the queued work and leave the weight group (the server keeps running; once,
+        by `close`)."""
         self._executor.shutdown(wait=True)
         try:
             self._rpc("grpo_close_weight_group")
@@ -297,9 +251,3 @@ class VLLMServerEngine:
             logger.warning("the vLLM server did not close its weight group: %s", e)
         self._requests.shutdown(wait=True)
         self._group = None
-
-    def __enter__(self) -> VLLMServerEngine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

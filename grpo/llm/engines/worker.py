@@ -11,6 +11,7 @@ lifetime) knows nothing of language models.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,8 @@ import torch
 from grpo.generation.worker import DeferredCall, WorkerEngine
 from grpo.generation.worker_lifetime import owned_temp_dir, remove_owned_dir
 from grpo.llm._deps import require
+from grpo.llm.engines.causal_lm import CausalLM
 from grpo.llm.lora import base_model_state_dict
-from grpo.llm.policy import CausalLMPolicy
 from grpo.llm.sampling_settings import SamplingSettings
 from grpo.policy_base import PolicyModel
 
@@ -35,10 +36,10 @@ def causal_lm_worker(
     num_threads: int = 1,
     device: str | None = None,
 ) -> WorkerEngine:
-    """A `WorkerEngine` sampling for ``policy`` (a `CausalLMPolicy`) in its own process, with a
-    copy built by `causal_lm_factory` on ``device`` (None = the policy's). TypeError for any other
-    policy: pass ``WorkerEngine(make_policy)`` yourself."""
-    if type(policy) is not CausalLMPolicy:
+    """A `WorkerEngine` sampling for ``policy`` (a `grpo.llm.CausalLMPolicy`) in its own process,
+    with a copy built by `causal_lm_factory` on ``device`` (None = the policy's). TypeError for a
+    policy that is no `CausalLM`: pass ``WorkerEngine(make_policy)`` yourself."""
+    if not isinstance(policy, CausalLM):
         raise TypeError(
             f"causal_lm_worker copies a grpo.llm.CausalLMPolicy (saved with save_pretrained); got "
             f"{type(policy).__name__}. Build the engine yourself with "
@@ -55,9 +56,9 @@ def causal_lm_worker(
     return WorkerEngine(make, seed=seed, name=name, num_threads=num_threads, cleanup_dir=directory)
 
 
-def causal_lm_factory(policy: CausalLMPolicy, directory: str, *, device: str | None = None) -> DeferredCall:
+def causal_lm_factory(policy: CausalLM, directory: str, *, device: str | None = None) -> DeferredCall:
     """Save ``policy`` to ``directory`` (`save_causal_lm`) and return the picklable call that
-    rebuilds it there (`load_causal_lm_policy`): the same `SamplingSettings` object, prompt options
+    rebuilds it there (`load_causal_lm_policy`): its class, the same `SamplingSettings` object, prompt options
     (chat template, system prompt, prompt length) and scoring options (log-prob chunk, autocast,
     compile), none of the training-only ones (gradient checkpointing: the worker runs no
     backward; a separate reference adapter: the KL reference stays the trainer's). A
@@ -65,6 +66,7 @@ def causal_lm_factory(policy: CausalLMPolicy, directory: str, *, device: str | N
     after it watches for its trainer's death."""
     return DeferredCall(
         load_causal_lm_policy,
+        type(policy),
         directory,
         policy.sampling,
         adapter=save_causal_lm(policy, directory),
@@ -79,7 +81,7 @@ def causal_lm_factory(policy: CausalLMPolicy, directory: str, *, device: str | N
     )
 
 
-def save_causal_lm(policy: CausalLMPolicy, directory: str) -> str | None:
+def save_causal_lm(policy: CausalLM, directory: str) -> str | None:
     """Save ``policy``'s model and tokenizer to ``directory/base`` (a PEFT model: its base model
     there, the active adapter to ``directory/adapter``). Returns the adapter's name, or None.
     The base of a PEFT model is its weights without the adapters
@@ -104,6 +106,7 @@ def save_causal_lm(policy: CausalLMPolicy, directory: str) -> str | None:
 
 
 def load_causal_lm_policy(
+    policy_class: Callable[..., CausalLM],
     directory: str,
     sampling: SamplingSettings,
     *,
@@ -111,8 +114,9 @@ def load_causal_lm_policy(
     dtype: torch.dtype,
     device: str,
     **options: Any,
-) -> CausalLMPolicy:
-    """The worker's `CausalLMPolicy`, from what `save_causal_lm` wrote to ``directory``: the base
+) -> CausalLM:
+    """The worker's policy, a ``policy_class`` (`grpo.llm.CausalLMPolicy`) built from what
+    `save_causal_lm` wrote to ``directory``: the base
     model in ``dtype`` (with ``adapter``: PEFT's adapter on it, trainable so that
     ``get_parameters`` names the trainer's tensors), on ``device``, with ``sampling`` and the
     other constructor ``options``."""
@@ -126,4 +130,4 @@ def load_causal_lm_policy(
         model = peft.PeftModel.from_pretrained(model, str(where), adapter_name=adapter, is_trainable=True)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(base_dir))
     model.to(device)
-    return CausalLMPolicy(model, tokenizer, sampling, **options)
+    return policy_class(model, tokenizer, sampling, **options)
