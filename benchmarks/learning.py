@@ -56,6 +56,7 @@ import importlib.util
 import inspect
 import json
 import math
+import numbers
 import os
 import platform
 import sys
@@ -553,6 +554,12 @@ def parse_task_seeds(items: Sequence[str]) -> dict[str, list[int]]:
     return out
 
 
+def _json_value(v: Any) -> Any:
+    """A value json cannot write: numbers (NumPy's) as floats, others (a recipe's
+    ``StepsPerEpoch``) as their repr."""
+    return float(v) if isinstance(v, numbers.Real) else repr(v)
+
+
 def apply_preset_changes(items: Sequence[str]) -> None:
     """``FIELD=JSON`` items into ``grpo.algorithms.recipes.RECIPES["small_policy"]`` for this process (every
     GRPO row, the examples' included, reads the preset from there)."""
@@ -663,7 +670,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "summary": summary,
     }
     if args.json is not None:
-        args.json.write_text(json.dumps(out, indent=2, default=float))
+        args.json.write_text(json.dumps(out, indent=2, default=_json_value))
         print(f"wrote {args.json}")
     return out
 

@@ -23,6 +23,7 @@ from grpo.algorithms.advantages import (
 from grpo.algorithms.aggregation import AGGREGATIONS, Aggregation
 from grpo.algorithms.kl import KL_ESTIMATORS, KLEstimator
 from grpo.algorithms.loss_plugins import loss_plugin
+from grpo.algorithms.mini_batches import StepsPerEpoch, divisors, mini_batch_for_count
 from grpo.algorithms.policy_losses import POLICY_LOSSES, PolicyLossName
 from grpo.algorithms.sampler_correction import SAMPLER_CORRECTIONS, SamplerCorrection
 from grpo.runtime.spellings import SpelledFields, Spelling, read_spellings, unknown_names_message
@@ -66,6 +67,19 @@ def _is_positive_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
+def _is_finite(v: float) -> bool:
+    """``v`` is finite (an int too large for a float is not: it cannot be used as one)."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+def _divisor_list(n: int) -> str:
+    """The divisors of ``n`` for a message (``[1, 2, 4]``; "its divisors" when too many to search)."""
+    return str(divisors(n) or "its divisors")
+
+
 def _help(text: str) -> dict[str, str]:
     return {"help": text}
 
@@ -79,15 +93,15 @@ def _example(name: str) -> str:
 
 
 def _mini_batch_for_count(num_mini_batches: Any, others: Mapping[str, Any]) -> int | None:
-    """``num_mini_batches`` (optimizer steps per epoch) as ``mini_batch_size``: the largest divisor
-    of ``batch_size`` that is at most ``batch_size // num_mini_batches`` (None: None)."""
+    """``num_mini_batches`` (optimizer steps per epoch) as ``mini_batch_size``
+    (`grpo.algorithms.recipes.mini_batch_for_count`; None: None)."""
     if num_mini_batches is None:
         return None
     if isinstance(num_mini_batches, bool) or not isinstance(num_mini_batches, int) or num_mini_batches < 1:
         raise ValueError(f"num_mini_batches={num_mini_batches!r} is not allowed: expected an integer >= 1.")
-    batch_size = others["batch_size"]
-    most = max(1, batch_size // num_mini_batches)
-    return max(d for d in range(1, most + 1) if batch_size % d == 0)
+    if not _is_positive_int(others["batch_size"]):
+        return None  # GRPOConfig refuses the batch size itself
+    return mini_batch_for_count(others["batch_size"], num_mini_batches)
 
 
 def _hint(field_name: str, origin: str) -> Spelling:
@@ -627,9 +641,11 @@ class GRPOConfig(SpelledFields):
         context = {**_DEFAULTS, **values, **overrides}  # num_mini_batches reads the final batch_size
         try:
             overrides = read_spellings(overrides, SPELLINGS, context)
-            if "mini_batch_size" in overrides:  # the caller's mini-batch size replaces the recipe's count
-                values.pop("num_mini_batches", None)
             values = read_spellings(values, SPELLINGS, context)
+            steps = values.get("mini_batch_size")
+            if isinstance(steps, StepsPerEpoch) and "mini_batch_size" not in overrides:
+                b = context["batch_size"]  # not a positive integer: GRPOConfig says so below
+                values["mini_batch_size"] = steps.mini_batch_size(b) if _is_positive_int(b) else None
         except ValueError as e:
             raise ValueError(f"GRPOConfig.recipe({name!r}): {e}") from None
         unknown = {k: v for k, v in overrides.items() if k not in _DEFAULTS}
@@ -681,7 +697,7 @@ class GRPOConfig(SpelledFields):
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
         if ok:
             ok = (v >= lo if lo_inclusive else v > lo) and (hi is None or v < hi)
-            ok = ok and (not finite or math.isfinite(v))
+            ok = ok and (not finite or _is_finite(v))
         if not ok:
             rng = f"{'>=' if lo_inclusive else '>'} {lo}" + (f" and < {hi}" if hi else "")
             raise self._bad(name, f"expected a {'finite ' if finite else ''}number {rng}", _example(name))
@@ -755,19 +771,17 @@ class GRPOConfig(SpelledFields):
         """The mini-batch divides the batch and the micro-batch divides the mini-batch."""
         mb = self.resolved_mini_batch_size
         if self.batch_size % mb:
-            valid = [d for d in range(1, self.batch_size + 1) if self.batch_size % d == 0]
             raise self._bad(
                 "mini_batch_size",
                 f"it must divide batch_size={self.batch_size} so that every optimizer step sees whole groups",
-                f" Valid values: {valid} (or None for the whole batch).",
+                f" Valid values: {_divisor_list(self.batch_size)} (or None for the whole batch).",
             )
         micro = self.resolved_micro_batch_size
         if mb % micro:
-            valid = [d for d in range(1, mb + 1) if mb % d == 0]
             raise self._bad(
                 "micro_batch_size",
                 f"it must divide mini_batch_size={mb}",
-                f" Valid values: {valid} (or None for no accumulation).",
+                f" Valid values: {_divisor_list(mb)} (or None for no accumulation).",
             )
 
     def _check_lr_schedule(self) -> None:

@@ -7,6 +7,7 @@ import os
 import pickle
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +189,42 @@ def test_no_checkpoint_and_mismatches_fail_clearly(tmp_path: Path) -> None:
     other = make_trainer(learning_rate=0.5)
     with pytest.warns(UserWarning, match=r"config differs in \['learning_rate'\]"):
         other.load_checkpoint(tmp_path)
+
+
+def _as_grpo_02(ckpt: Path, normalize_advantages: bool, num_mini_batches: int) -> None:
+    """Rewrite ``ckpt``'s saved config the way grpo 0.2 wrote it: ``normalize_advantages`` beside an
+    unset ``advantage_scale``, ``num_mini_batches`` beside an unset ``mini_batch_size``."""
+    meta = json.loads((ckpt / "state.json").read_text())
+    meta["config"].update(
+        advantage_scale=None,
+        normalize_advantages=normalize_advantages,
+        mini_batch_size=None,
+        num_mini_batches=num_mini_batches,
+    )
+    (ckpt / "state.json").write_text(json.dumps(meta))
+
+
+def test_a_config_saved_under_the_old_field_names_is_compared_by_its_meaning(tmp_path: Path) -> None:
+    """grpo 0.2's normalize_advantages=True / num_mini_batches=2 of batch_size=4 mean this trainer's
+    advantage_scale='group' / mini_batch_size=2: no "differs" warning; a different meaning is
+    named by the current field, with the saved value read as that field's."""
+    t = make_trainer()  # advantage_scale="group", batch_size=4, mini_batch_size=2
+    train_step(t)
+    ckpt = t.save_checkpoint(tmp_path)
+    _as_grpo_02(ckpt, normalize_advantages=True, num_mini_batches=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = make_trainer()
+        loaded.load_checkpoint(ckpt)
+    assert [str(w.message) for w in caught if "differs" in str(w.message)] == []
+    assert loaded.step_count == 1
+    _as_grpo_02(ckpt, normalize_advantages=False, num_mini_batches=1)
+    with pytest.warns(
+        UserWarning,
+        match=r"config differs in \['advantage_scale', 'mini_batch_size'\] \(saved: \[\"'none'\", '4'\], "
+        r"now: \['group', 2\]\); the run will not continue exactly as the saved one\.$",
+    ):
+        make_trainer().load_checkpoint(ckpt)
 
 
 class _Exploit:

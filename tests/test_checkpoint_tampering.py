@@ -6,6 +6,7 @@ fuzz of ``state.json`` and the safetensors headers."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -13,6 +14,7 @@ import pickle
 import random
 import re
 import shutil
+import signal
 import struct
 import tempfile
 import tracemalloc
@@ -180,6 +182,22 @@ def edit_json(ckpt: Path, fn: Callable[[dict[str, Any]], Any]) -> None:
     meta = json.loads((ckpt / "state.json").read_text())
     fn(meta)
     (ckpt / "state.json").write_text(json.dumps(meta))
+
+
+@contextlib.contextmanager
+def within_seconds(seconds: float) -> Iterator[None]:
+    """Fail with TimeoutError if the block runs longer than ``seconds`` (a hang on a crafted value)."""
+
+    def expire(signum: int, frame: object) -> None:
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def fix_size(ckpt: Path, file: str) -> None:
@@ -394,6 +412,42 @@ class TestPathsInTheConfig:
         with pytest.warns(UserWarning, match=r"config differs in \['deepspeed'\]"):
             t.load_checkpoint(ckpt)
         assert t.step_count == 2
+
+
+# ---- 2b. the saved config: read through GRPOConfig.from_dict, never a crash ----------------------
+class TestSavedConfig:
+    def test_an_unreadable_saved_config_is_a_warning_on_load(self, ckpt: Path) -> None:
+        """load_checkpoint keeps the live config and only compares the saved one: a name this grpo
+        does not know and a value no GRPOConfig holds (an int too large for a float) are named in
+        the warning, with why the saved config was compared unchecked; the load goes on."""
+        edit_json(ckpt, lambda m: m["config"].update(learning_rate=10**400, no_such_knob=1))
+        t = target()
+        with pytest.warns(
+            UserWarning,
+            match=r"config differs in \['learning_rate', 'no_such_knob'\] .* \(The saved config is not a "
+            r"valid GRPOConfig here, compared unchecked: ValueError: GRPOConfig\.learning_rate=1000.*"
+            r"expected a finite number > 0",
+        ):
+            t.load_checkpoint(ckpt)
+        assert t.step_count == 2
+
+    def test_from_checkpoint_refuses_an_unreadable_saved_config_by_name(self, plain: Path) -> None:
+        """from_checkpoint builds its trainer from the saved config: a value no GRPOConfig holds is
+        a CheckpointError naming the field (was an OverflowError from deep inside), and a count of
+        mini-batches with a huge batch size is refused at once (was a divisor search of 2**61 steps)."""
+        edit_json(plain, lambda m: m["config"].update(learning_rate=10**400))
+        with pytest.raises(CheckpointError, match=r"state\.json: config: GRPOConfig\.learning_rate=1000"):
+            GRPOTrainer.from_checkpoint(plain, policy=make_policy(), reward_model=bandit_reward)
+        big = {"learning_rate": 0.01, "batch_size": 2**61 - 1, "mini_batch_size": None, "num_mini_batches": 2}
+        edit_json(plain, lambda m: m["config"].update(big))
+        with (
+            within_seconds(10),
+            pytest.raises(
+                CheckpointError,
+                match=r"config: GRPOConfig: a count of mini-batches needs batch_size as an int",
+            ),
+        ):
+            GRPOTrainer.from_checkpoint(plain, policy=make_policy(), reward_model=bandit_reward)
 
 
 # ---- 3. the scalars --------------------------------------------------------------------------------

@@ -5,7 +5,9 @@ import pickle
 import pytest
 
 from grpo import GRPOConfig
-from grpo.config import SPELLINGS
+from grpo.algorithms.mini_batches import divisors, mini_batch_for_count
+from grpo.algorithms.recipes import RECIPES
+from grpo.config import SPELLINGS, optimizer_steps_per_step
 
 
 def test_group_size_one_explains_why() -> None:
@@ -222,6 +224,40 @@ def test_a_spelling_that_contradicts_its_field_is_refused() -> None:
         GRPOConfig(num_mini_batches=2)  # type: ignore[call-arg]
     with pytest.raises(ValueError, match=r"advantage_scale=None is not allowed: choose one of"):
         GRPOConfig(advantage_scale=None)  # type: ignore[arg-type]
+
+
+def test_recipes_use_field_names_and_small_policy_keeps_4_steps_per_epoch() -> None:
+    """Every recipe value is a GRPOConfig field (no other spelling). small_policy's mini-batches,
+    ``StepsPerEpoch(4)``, give 10 epochs x 4 = 40 optimizer steps per rollout whenever 4 divides the
+    batch size, and for every batch size the mini-batch grpo 0.2's ``num_mini_batches=4`` gave (a
+    group is never split: B = 6 -> 6 steps of one state, B = 2 -> 2)."""
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    for name, recipe in RECIPES.items():
+        assert set(recipe.values) <= fields, (name, set(recipe.values) - fields)
+    for batch_size, group_size in [(4, 2), (8, 8), (16, 4), (64, 16)]:
+        cfg = GRPOConfig.recipe("small_policy", batch_size=batch_size, group_size=group_size)
+        assert optimizer_steps_per_step(cfg.batch_size, cfg.mini_batch_size, cfg.num_epochs_per_update) == 40
+    steps = {b: GRPOConfig.recipe("small_policy", batch_size=b).optimizer_steps_per_step for b in (1, 2, 6)}
+    assert steps == {1: 10, 2: 20, 6: 60}
+    for b in range(1, 41):
+        as_02 = GRPOConfig.from_dict({"batch_size": b, "num_mini_batches": 4}).mini_batch_size
+        assert GRPOConfig.recipe("small_policy", batch_size=b).mini_batch_size == as_02, b
+        assert GRPOConfig.recipe("finetune_success", batch_size=b).mini_batch_size == as_02, b
+    assert GRPOConfig.recipe("small_policy", batch_size=8, mini_batch_size=8).optimizer_steps_per_step == 10
+    assert GRPOConfig.recipe("small_policy", batch_size=8, num_mini_batches=2).mini_batch_size == 4
+
+
+def test_a_count_of_mini_batches_is_a_divisor_found_without_a_long_search() -> None:
+    """``mini_batch_for_count``: the largest divisor of B that is <= B // k, by hand; a batch above
+    2**40 is refused at once (the search over every integer up to B hung on 2**61 - 1)."""
+    assert divisors(36) == [1, 2, 3, 4, 6, 9, 12, 18, 36]
+    assert divisors(2**40 + 1) == []
+    assert [mini_batch_for_count(12, k) for k in (1, 2, 3, 4, 5, 7, 13)] == [12, 6, 4, 3, 2, 1, 1]
+    assert mini_batch_for_count(2**40, 3) == 2**38
+    with pytest.raises(ValueError, match=r"needs batch_size as an integer >= 1 and <= 2\*\*40"):
+        GRPOConfig.from_dict({"batch_size": 2**61 - 1, "num_mini_batches": 2})
+    with pytest.raises(ValueError, match=r"divide batch_size=2305843009213693951 .* Valid values: its div"):
+        GRPOConfig(batch_size=2**61 - 1, mini_batch_size=2)
 
 
 def test_the_cli_reads_the_same_table() -> None:

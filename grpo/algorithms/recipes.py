@@ -2,12 +2,16 @@
 
 Each recipe sets only what its paper states (or what defines the method); everything else keeps
 the `GRPOConfig` default, and any field can be overridden. ``print(config)`` shows every resolved
-value. Where a paper does not publish a value the recipe needs, the note says so.
+value. Where a paper does not publish a value the recipe needs, the note says so. Values use the
+field names only (no other spelling); a count of optimizer steps per epoch, which depends on the
+caller's batch size, is ``"mini_batch_size": StepsPerEpoch(k)`` (`grpo.algorithms.mini_batches`).
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
+
+from grpo.algorithms.mini_batches import StepsPerEpoch
 
 __all__ = ["RECIPES", "Recipe", "recipe_values"]
 
@@ -104,7 +108,8 @@ RECIPES: dict[str, Recipe] = {
             "adaptive_lr_kl": 0.03,  # lower the rate while a step's KL > 0.06 (grpo.update.adaptive_lr)
             "adaptive_lr_max": 5e-3,  # ... never above the start (rising made Acrobot less reliable)
             "num_epochs_per_update": 10,  # reuse each rollout (PPO's 10 epochs)
-            "num_mini_batches": 4,  # 4 optimizer steps per epoch: 40 per rollout
+            "mini_batch_size": StepsPerEpoch(4),  # 4 optimizer steps per epoch: 40 per rollout when 4
+            # divides batch_size (a group is never split: else the finer split, grpo.algorithms.mini_batches)
             "kl_coeff": 0.0,
             "clip_epsilon": 0.2,
             "loss_aggregation": "token-mean",  # each env step weighs the same
@@ -127,7 +132,7 @@ RECIPES: dict[str, Recipe] = {
         {
             "learning_rate": 3e-4,  # a fixed rate: the pretrained policy is already near the goal
             "num_epochs_per_update": 4,  # each rollout reused 4 times ...
-            "num_mini_batches": 4,  # ... in 4 optimizer steps each: 16 per rollout
+            "mini_batch_size": StepsPerEpoch(4),  # ... in 4 optimizer steps each: 16 per rollout (4 | B)
             "clip_epsilon": 0.2,
             "clip_epsilon_high": 0.28,  # clip-higher (DAPO): rare successes may gain probability faster
             "kl_coeff": 0.0,

@@ -29,6 +29,7 @@ Modules (each one's docstring gives its formats):
 * `grpo.state.checkpoint.policy`: the policy hook (below);
 * `grpo.state.checkpoint.verify`: complete checkpoints, `find_latest_checkpoint`;
 * `grpo.state.checkpoint.resume`: the saved config, `resume_config`;
+* `grpo.state.checkpoint.config_diff`: the saved config against the live one, by current names;
 * `grpo.state.checkpoint.save` / `grpo.state.checkpoint.load`: `save_checkpoint` / `load_checkpoint`.
 
 Guarantees (tests in ``tests/test_checkpoint.py`` and ``tests/test_checkpoint_tampering.py``, list

@@ -19,11 +19,12 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from grpo.state.checkpoint.codec import Bound, TensorTable, WeightSpecs, read_tree, read_weights
+from grpo.state.checkpoint.codec import Bound, WeightSpecs, read_tree, read_weights
+from grpo.state.checkpoint.config_diff import config_differences
 from grpo.state.checkpoint.errors import BadField, CheckpointDir, CheckpointError, short
 from grpo.state.checkpoint.layout import POLICY_FILE, REFERENCE_FILE, STATE_JSON
 from grpo.state.checkpoint.rng import GENERATORS, capture_rng, check_rng, restore_rng, set_rng_state
-from grpo.state.checkpoint.tree import encode, tree_field
+from grpo.state.checkpoint.tree import tree_field
 from grpo.state.checkpoint.verify import resolve_meta
 
 
@@ -138,16 +139,16 @@ def load_checkpoint(trainer: Restorable, path: str | os.PathLike[str]) -> Path:
     headers against the live trainer (before any tensor is read), the RNG states, then the whole
     state by ``trainer.load_state_dict`` (`grpo.state.trainer_state`). A problem raises one
     `CheckpointError` naming the file and the field, and leaves the trainer, its policy and the
-    process-global RNG streams as they were.
+    process-global RNG streams as they were. The trainer keeps its own config; where the saved one
+    differs (compared by the current field names, `grpo.state.checkpoint.config_diff`), a
+    `UserWarning` after the load names the fields.
     """
     ckpt, meta = resolve_meta(path)
     try:
         state, rng = _read_state(trainer, ckpt, meta)
     except BadField as e:
         raise e.at(ckpt) from None
-    saved_cfg = meta["config"]
-    now_cfg = encode(trainer.config.to_dict(), TensorTable().add, "config")
-    differ = sorted(k for k in set(saved_cfg) | set(now_cfg) if saved_cfg.get(k) != now_cfg.get(k))
+    differ = config_differences(meta["config"], trainer.config)
     before = capture_rng()
     try:
         set_rng_state(rng, stacklevel=3)  # checked by check_rng: not expected to fail
@@ -161,13 +162,6 @@ def load_checkpoint(trainer: Restorable, path: str | os.PathLike[str]) -> Path:
     except BaseException:
         restore_rng(before)
         raise
-    if differ:
-        saved_values = [short(saved_cfg.get(k)) for k in differ]
-        warnings.warn(
-            f"loading {ckpt} into a trainer whose config differs in {differ} "
-            f"(saved: {saved_values}, now: {[now_cfg.get(k) for k in differ]}); "
-            f"the run will not continue exactly as the saved one.",
-            UserWarning,
-            stacklevel=3,
-        )
+    if differ.names:
+        warnings.warn(differ.warning(ckpt), UserWarning, stacklevel=3)
     return ckpt
