@@ -212,64 +212,6 @@ def test_a_resumed_async_run_neither_skips_nor_repeats_a_batch(k: int, tmp_path:
     assert seen_b.batches == [4, 5, 6, 7, 8]  # step 4 is redone after the checkpoint of step 4
 
 
-@pytest.mark.slow
-def test_sigkill_at_random_points_neither_skips_nor_repeats_a_batch(tmp_path: Any) -> None:
-    """A real async run (a generation worker one step ahead, a checkpoint every step) killed with
-    SIGKILL at random moments and resumed each time: the steps recorded in the run's file (which
-    a resume truncates to its checkpoint) trained on the data positions 0, 1, 2, ... in order,
-    each once, as an uninterrupted `PromptBatches` deals them."""
-    import json
-    import random
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from grpo.llm import PromptBatches
-    from grpo.llm.tiny import build_tiny_model, build_tiny_tokenizer
-    from tests.data.async_kill_run import RECORDS
-
-    model_dir = tmp_path / "model"
-    build_tiny_model(str(model_dir), build_tiny_tokenizer(str(model_dir)), hidden=16, layers=1)
-    out, steps, rng = tmp_path / "run", 30, random.Random(0)
-    cmd = [sys.executable, "tests/data/async_kill_run.py", str(model_dir), str(out), str(steps), "1"]
-    kills = 0
-    for attempt in range(8):
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_script_env()
-        )
-        if attempt < 3:  # kill at a random moment after this attempt has trained a step
-            _wait_for_a_new_step(out / "metrics.jsonl", proc)
-            time.sleep(rng.uniform(0.0, 0.15))
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-                kills += 1
-        _, err = proc.communicate(timeout=300)
-        if proc.returncode == 0:
-            break
-        assert proc.returncode == -signal.SIGKILL, err[-3000:]
-    assert proc.returncode == 0, err[-2000:]
-    assert kills >= 2
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == list(range(1, steps + 1))
-    dealt = PromptBatches(RECORDS, 2, shuffle=True, seed=0, epochs=None)
-    expected = [[float(s["id"]) for s in next(dealt)] for _ in range(steps)]
-    assert [[r["data/id0"], r["data/id1"]] for r in records] == expected
-
-
-def _wait_for_a_new_step(metrics: Any, proc: Any, timeout: float = 120.0) -> None:
-    """Until the run's JSONL file holds one more record than when the attempt started (or the
-    process ended)."""
-    import time
-
-    def count() -> int:
-        return len(metrics.read_text().splitlines()) if metrics.exists() else 0
-
-    start, t0 = count(), time.monotonic()
-    while proc.poll() is None and count() <= start and time.monotonic() - t0 < timeout:
-        time.sleep(0.02)
-
-
 def _comparable(record: dict[str, float]) -> dict[str, float | str]:
     """A step record without its timings (the only keys that differ between equal runs), NaN as
     the string "nan" (equal to itself)."""
@@ -310,12 +252,16 @@ def _script_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
 
 
-def _run_killed(cmd: list[str], out: Any, *, kills: int, seed: int, steps: int) -> int:
+def _run_killed(
+    cmd: list[str], out: Any, *, kills: int, seed: int, steps: int, after_record: bool = False
+) -> int:
     """Run ``cmd`` (`tests/data/async_kill_run.py`) until it finishes, killing the first ``kills``
     attempts with SIGKILL at a random point (seeded): once the attempt has checkpointed a randomly
     drawn step before the last two, after a random 0-50 ms more (a kill point chosen by step, not
     by time, so that a fast machine does not finish the run before the kill); the number of kills
-    that landed."""
+    that landed. ``after_record``: once the run's JSONL file holds that step's record instead,
+    after a random 0-150 ms more: the record is written just before the step's checkpoint, so the
+    kill lands while that checkpoint is written or early in the next step."""
     import random
     import signal
     import subprocess
@@ -328,8 +274,12 @@ def _run_killed(cmd: list[str], out: Any, *, kills: int, seed: int, steps: int) 
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_script_env()
         )
         if attempt < kills and start < steps - 2:
-            _wait_for_a_checkpoint(latest, proc, rng.randint(start + 1, steps - 2))
-            time.sleep(rng.uniform(0.0, 0.05))
+            step = rng.randint(start + 1, steps - 2)
+            if after_record:
+                _wait_for_a_record(out / "metrics.jsonl", proc, step)
+            else:
+                _wait_for_a_checkpoint(latest, proc, step)
+            time.sleep(rng.uniform(0.0, 0.15 if after_record else 0.05))
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)
                 landed += 1
@@ -352,6 +302,18 @@ def _wait_for_a_checkpoint(latest: Path, proc: Any, step: int, timeout: float = 
     """Until ``latest`` names a checkpoint of step ``step`` or later (or the process ended)."""
     t0 = time.monotonic()
     while proc.poll() is None and _checkpointed_step(latest) < step and time.monotonic() - t0 < timeout:
+        time.sleep(0.005)
+
+
+def _wait_for_a_record(metrics: Path, proc: Any, step: int, timeout: float = 300.0) -> None:
+    """Until the run's JSONL file holds ``step`` records (a resume truncates it to its checkpoint),
+    or the process ended."""
+
+    def count() -> int:
+        return len(metrics.read_text().splitlines()) if metrics.exists() else 0
+
+    t0 = time.monotonic()
+    while proc.poll() is None and count() < step and time.monotonic() - t0 < timeout:
         time.sleep(0.005)
 
 
@@ -379,24 +341,29 @@ def _run_output(out: Any) -> tuple[list[dict[str, float]], list[Any], dict[str, 
 
 
 @pytest.mark.parametrize(
-    ("k", "steps", "kills"),
+    ("k", "steps", "kills", "after_record"),
     [
-        (1, 6, 1),
-        pytest.param(1, 10, 3, marks=pytest.mark.slow),
-        pytest.param(2, 10, 3, marks=pytest.mark.slow),
+        (1, 6, 1, False),
+        pytest.param(1, 10, 3, True, marks=pytest.mark.slow, id="1-10-3-after_record"),
+        pytest.param(2, 10, 3, False, marks=pytest.mark.slow),
     ],
 )
 def test_a_worker_run_killed_at_random_points_resumes_bit_for_bit(
-    k: int, steps: int, kills: int, tmp_path: Any
+    k: int, steps: int, kills: int, after_record: bool, tmp_path: Any
 ) -> None:
     """A tiny causal LM with a real generation worker k steps ahead, a checkpoint every step,
     killed with SIGKILL at random moments (seeded) and resumed each time, equals the uninterrupted
     run: the same step records (``async/staleness`` included), the same completions (token ids
     and texts, with the versions that sampled them) at every step, the same final weights; and
-    no worker process outlives its trainer."""
+    no worker process outlives its trainer. Both runs trained on the data positions 0, 1, 2, ...
+    in order, each once, as an uninterrupted `PromptBatches` deals them (the records carry the
+    prompts' ids). The kills land early in a step, or (``after_record``) while a step's checkpoint
+    is written or early in the next step (see `_run_killed`)."""
     import sys
 
+    from grpo.llm import PromptBatches
     from grpo.llm.tiny import build_tiny_model, build_tiny_tokenizer
+    from tests.data.async_kill_run import RECORDS
 
     model_dir = tmp_path / "model"
     build_tiny_model(str(model_dir), build_tiny_tokenizer(str(model_dir)), hidden=16, layers=1)
@@ -406,12 +373,15 @@ def test_a_worker_run_killed_at_random_points_resumes_bit_for_bit(
         for o in outs
     ]
     assert _run_killed(cmds[0], outs[0], kills=0, seed=0, steps=steps) == 0
-    landed = _run_killed(cmds[1], outs[1], kills=kills, seed=k, steps=steps)
+    landed = _run_killed(cmds[1], outs[1], kills=kills, seed=k, steps=steps, after_record=after_record)
     assert landed >= 1
     starts = [int(s) for s in (outs[1] / "starts.txt").read_text().split()]
     assert any(0 < s < steps for s in starts), starts  # resumed from a checkpoint, then trained
     (records_a, completions_a, weights_a), (records_b, completions_b, weights_b) = map(_run_output, outs)
     assert [r["step"] for r in records_b] == list(range(1, steps + 1))
+    dealt = PromptBatches(RECORDS, 2, shuffle=True, seed=0, epochs=None)
+    expected = [[float(s["id"]) for s in next(dealt)] for _ in range(steps)]
+    assert [[r["data/id0"], r["data/id1"]] for r in records_a] == expected
     assert [r["async/staleness"] for r in records_a[k:]] == [float(k)] * (steps - k)
     assert records_b == records_a
     assert completions_b == completions_a

@@ -4,6 +4,7 @@ process without it on the same global batch; config handling; `grpo-train` under
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -31,7 +32,6 @@ from tests.deepspeed_toys import (
     launch,
     run_command,
     stale_lock_problem,
-    zero3_uneven_worker,
 )
 from tests.distributed_toys import LOCAL_B, STEPS, build, data, params, run_steps
 
@@ -62,7 +62,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         ref[name] = {"params": params(tr), "metrics": metrics, "non_finite": tr.non_finite_steps}
     launch(ds_worker, out, world=WORLD, timeout=420.0)  # the first run JIT-builds DeepSpeed's CPU ops
     ranks = [torch.load(out / f"ds-rank{r}.pt", weights_only=True) for r in range(WORLD)]
-    return {"ref": ref, "ranks": ranks}
+    return {"ref": ref, "ranks": ranks, "out": out}
 
 
 @pytest.mark.multiprocess
@@ -97,13 +97,13 @@ def test_zero_on_two_processes_equals_one_process_without_deepspeed(
 
 
 @pytest.mark.multiprocess
-def test_zero3_refuses_different_numbers_of_states_on_every_rank(tmp_path: Path) -> None:
+def test_zero3_refuses_different_numbers_of_states_on_every_rank(run: dict[str, Any]) -> None:
     """Under ZeRO-3 every forward all-gathers weights, so a rank with fewer states would leave the
     others waiting forever: both ranks raise a ValueError naming the counts, before any forward,
-    and the weights are unchanged."""
-    launch(zero3_uneven_worker, tmp_path, world=WORLD, timeout=300.0)
+    and the weights are unchanged (`zero3_uneven_worker`, run by the `run` fixture's processes
+    after the matrix)."""
     for rank in range(WORLD):
-        got = torch.load(tmp_path / f"uneven-rank{rank}.pt", weights_only=True)
+        got = torch.load(run["out"] / f"uneven-rank{rank}.pt", weights_only=True)
         assert "different numbers of states this step (per rank: [4, 3])" in got["message"]
         assert "ZeRO-3" in got["message"]
         assert "grpo.engine.distributed.shard" in got["message"]
@@ -582,30 +582,40 @@ def test_accelerate_launch_with_the_shipped_config(tmp_path: Path, stage: int) -
     assert all(bool(p.isfinite().all()) and p.abs().max() > 0 for p in model.parameters())
 
 
+@functools.cache
+def torchrun_bandit_curve(deepspeed: str) -> tuple[str, ...]:
+    """The printed learning curve (the "step" lines) of `torchrun --nproc_per_node=2
+    examples/distributed_bandit.py --steps 40 --log-every 13 --deepspeed DEEPSPEED`, run once
+    per module ("off", the trainer's own gradient sync, is the reference of both ZeRO stages)."""
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        env.pop(k, None)
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        "examples/distributed_bandit.py", "--steps", "40", "--log-every", "13", "--deepspeed", deepspeed,
+    ]  # fmt: skip
+    proc = run_command(cmd, timeout=300, env=env, cwd=ROOT)
+    if proc.returncode != 0 and "terminate called without an active exception" in proc.stderr:
+        proc = run_command(cmd, timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    if deepspeed == "off":
+        assert "deepspeed=off" in proc.stdout
+    else:
+        stage = json.loads((ROOT / deepspeed).read_text())["zero_optimization"]["stage"]
+        assert f"deepspeed=ZeRO-{stage}" in proc.stdout
+    return tuple(ln for ln in proc.stdout.splitlines() if ln.startswith("step"))
+
+
 @pytest.mark.slow  # ~16 s a stage; the two-process ZeRO equalities above run by default
 @pytest.mark.parametrize("stage", [2, 3])
 def test_bandit_example_under_torchrun_learns_the_same_with_zero(stage: int) -> None:
     """`torchrun --nproc_per_node=2 examples/distributed_bandit.py --deepspeed
     examples/configs/deepspeed_zero{2,3}.json`: the printed learning curve (reward, gradient norm,
     3 decimals) is the one of the same run with the trainer's own gradient sync, and it learns."""
-    import sys
-
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
-        env.pop(k, None)
-    curves = {}
-    for ds in (f"examples/configs/deepspeed_zero{stage}.json", "off"):
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-            "examples/distributed_bandit.py", "--steps", "40", "--log-every", "13", "--deepspeed", ds,
-        ]  # fmt: skip
-        proc = run_command(cmd, timeout=300, env=env, cwd=ROOT)
-        if proc.returncode != 0 and "terminate called without an active exception" in proc.stderr:
-            proc = run_command(cmd, timeout=300, env=env, cwd=ROOT)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert (f"deepspeed=ZeRO-{stage}" if ds != "off" else "deepspeed=off") in proc.stdout
-        curves[ds] = [ln for ln in proc.stdout.splitlines() if ln.startswith("step")]
-    zero, own = curves.values()
+    zero = torchrun_bandit_curve(f"examples/configs/deepspeed_zero{stage}.json")
+    own = torchrun_bandit_curve("off")
     assert len(zero) == 4  # steps 0, 13, 26, 39
     assert zero == own
     first, last = (float(line.split()[3]) for line in (zero[0], zero[-1]))
