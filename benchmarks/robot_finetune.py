@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import sys
@@ -232,11 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.side == "table":
         print(table(Path(args.results)))
         return 0
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the example's per-update lines
     torch.set_num_threads(1)
-    start, load_before = time.perf_counter(), load()
+    start, cpu, load_before = time.perf_counter(), time.process_time(), load()
     cell = {"bc": bc_cell, "grpo": grpo_cell, "ppo": ppo_cell}[args.side](args)
-    row = {"task": args.task, "side": args.side, "tag": args.tag, "seed": args.seed, **cell,
-           "wall_seconds": time.perf_counter() - start, "load": f"{load_before} -> {load()}"}  # fmt: skip
+    row = {"task": args.task, "side": args.side, "tag": args.tag, "seed": args.seed, "budget": args.budget,
+           **cell, "wall_seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu,
+           "load": f"{load_before} -> {load()}"}  # fmt: skip
     line = json.dumps(row)
     print(line)
     with open(args.results, "a") as f:
