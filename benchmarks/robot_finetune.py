@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=int, default=200_000, help="env steps (PPO: warm-up included)")
     p.add_argument("--warmup", type=int, default=20_480, help="ppo: critic-only env steps")
     p.add_argument("--group-size", type=int, default=8, help="grpo: G episodes per start")
-    p.add_argument("--batch-size", type=int, default=4, help="grpo: B starts per update")
+    p.add_argument("--batch-size", type=int, default=2, help="grpo: B starts per update (the recipe's)")
     p.add_argument(
         "--credit", choices=("step", "episode"), default="step", help="grpo: per-step or whole-episode"
     )

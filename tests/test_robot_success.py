@@ -359,8 +359,10 @@ def test_finetune_success_recipe_trains_on_success_without_the_length_bias() -> 
 
     from grpo.gym.episodes import EpisodeRewards
 
-    config = GRPOConfig.recipe("finetune_success", batch_size=2, seed=0)
+    config = GRPOConfig.recipe("finetune_success", seed=0)
     assert (config.learning_rate, config.adaptive_lr_kl, config.group_size) == (3e-4, None, 8)
+    # B = 2 starts an update (the sweep's choice), one group per optimizer step: 4 epochs x 2 = 8
+    assert (config.batch_size, config.mini_batch_size, config.num_epochs_per_update) == (2, 1, 4)
     assert (config.clip_epsilon, config.clip_epsilon_high, config.loss_aggregation) == (
         0.2,
         0.28,
