@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import sys
@@ -82,6 +83,13 @@ def load() -> str:
     return f"{one:.1f}/{five:.1f} on {os.cpu_count()} cores"
 
 
+def outcome(result: Any) -> dict[str, Any]:
+    """The success rate, its standard error, and which held-out starts succeeded ("0110...", start
+    10^6 + i at position i: runs can be compared start by start)."""
+    flags = "".join("1" if x else "0" for x in result.successes)
+    return {"success": result.success_rate, "stderr": result.success_stderr, "eval_successes": flags}
+
+
 def bc_cell(args: argparse.Namespace) -> dict[str, Any]:
     obs, actions, demo_success = collect_demos(
         args.task, args.demos, noise=DEMO_NOISE, max_steps=MAX_STEPS, seed=0
@@ -93,7 +101,7 @@ def bc_cell(args: argparse.Namespace) -> dict[str, Any]:
     save_policy(policy, path, {"task": args.task, "demos": args.demos, "success": result.success_rate})
     return {
         "demos": args.demos, "demo_steps": len(obs), "demo_success": demo_success,
-        "success": result.success_rate, "stderr": result.success_stderr,
+        **outcome(result),
     }  # fmt: skip
 
 
@@ -108,7 +116,7 @@ def grpo_cell(args: argparse.Namespace) -> dict[str, Any]:
     summary = finetune(policy, args.task, settings)
     result = evaluate(policy, args.task, args.eval_episodes, MAX_STEPS)
     curve = summary.pop("train_success")
-    return {**summary, "success": result.success_rate, "stderr": result.success_stderr,
+    return {**summary, **outcome(result),
             "overrides": overrides, "credit": args.credit, "G": args.group_size, "B": args.batch_size,
             "train_success_last5": float(np.mean([c[1] for c in curve[-5:]]))}  # fmt: skip
 
@@ -184,24 +192,44 @@ def ppo_cell(args: argparse.Namespace) -> dict[str, Any]:
         policy.log_std.copy_(sb3.log_std)
     result = evaluate(policy, args.task, args.eval_episodes, MAX_STEPS)
     return {"env_steps": int(model.num_timesteps), "warmup": args.warmup, "train_seconds": seconds,
-            "success": result.success_rate, "stderr": result.success_stderr}  # fmt: skip
+            **outcome(result)}  # fmt: skip
+
+
+def _mean_of(rows: list[dict[str, Any]], key: str, fmt: str) -> str:
+    """The mean of ``key`` over the rows that have it, formatted; "-" where none has it."""
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return format(float(np.mean(values)), fmt) if values else "-"
 
 
 def table(path: Path) -> str:
-    """Mean, sample std and range of the after-training success over seeds, per (task, side, tag)."""
+    """Mean, sample std and range of the after-training success over seeds, per (task, side, tag),
+    with the env steps played, the updates (GRPO), the wall and the CPU seconds of a run."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     cells: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         cells[(r["task"], r["side"], r.get("tag", ""))].append(r)
-    out = ["| task | side | tag | seeds | env steps | success mean | std | range | wall s (mean) |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    head = [
+        "task",
+        "side",
+        "tag",
+        "seeds",
+        "env steps",
+        "updates",
+        "success mean",
+        "std",
+        "range",
+        "wall s",
+        "CPU s",
+    ]
+    out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for (task, side, tag), rs in sorted(cells.items()):
         s = np.array([r["success"] for r in rs])
         std = float(s.std(ddof=1)) if len(s) > 1 else math.nan
         steps = sorted({r.get("env_steps", 0) for r in rs})
-        wall = np.mean([r["wall_seconds"] for r in rs])
-        out.append(f"| {task} | {side} | {tag} | {len(rs)} | {steps[0]}-{steps[-1]} | {s.mean():.3f} | "
-                   f"{std:.3f} | {s.min():.2f}-{s.max():.2f} | {wall:.0f} |")  # fmt: skip
+        cols = [task, side, tag, str(len(rs)), f"{steps[0]}-{steps[-1]}", _mean_of(rs, "updates", ".1f"),
+                f"{s.mean():.3f}", f"{std:.3f}", f"{s.min():.2f}-{s.max():.2f}",
+                _mean_of(rs, "wall_seconds", ".0f"), _mean_of(rs, "cpu_seconds", ".0f")]  # fmt: skip
+        out.append("| " + " | ".join(cols) + " |")
     return "\n".join(out)
 
 
@@ -217,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=int, default=200_000, help="env steps (PPO: warm-up included)")
     p.add_argument("--warmup", type=int, default=20_480, help="ppo: critic-only env steps")
     p.add_argument("--group-size", type=int, default=8, help="grpo: G episodes per start")
-    p.add_argument("--batch-size", type=int, default=4, help="grpo: B starts per update")
+    p.add_argument("--batch-size", type=int, default=2, help="grpo: B starts per update (the recipe's)")
     p.add_argument(
         "--credit", choices=("step", "episode"), default="step", help="grpo: per-step or whole-episode"
     )
@@ -232,11 +260,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.side == "table":
         print(table(Path(args.results)))
         return 0
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the example's per-update lines
     torch.set_num_threads(1)
-    start, load_before = time.perf_counter(), load()
+    start, cpu, load_before = time.perf_counter(), time.process_time(), load()
     cell = {"bc": bc_cell, "grpo": grpo_cell, "ppo": ppo_cell}[args.side](args)
-    row = {"task": args.task, "side": args.side, "tag": args.tag, "seed": args.seed, **cell,
-           "wall_seconds": time.perf_counter() - start, "load": f"{load_before} -> {load()}"}  # fmt: skip
+    row = {"task": args.task, "side": args.side, "tag": args.tag, "seed": args.seed, "budget": args.budget,
+           **cell, "wall_seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu,
+           "load": f"{load_before} -> {load()}"}  # fmt: skip
     line = json.dumps(row)
     print(line)
     with open(args.results, "a") as f:

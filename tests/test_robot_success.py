@@ -14,11 +14,12 @@ import torch
 gym = pytest.importorskip("gymnasium")
 
 from grpo import GRPOConfig, GRPOTrainer  # noqa: E402
-from grpo.gym.episodes import Episode, EpisodePolicy, EpisodeReturn, evaluate_policy  # noqa: E402
+from grpo.gym.episodes import Episode, EpisodePolicy, EpisodeReturn, evaluate_policy, run_episodes  # noqa: E402
 from grpo.gym.seeded_starts import SeededStarts, check_seeded_starts  # noqa: E402
 from grpo.gym.snapshot_check import clear_replay_checks  # noqa: E402
 from grpo.gym.snapshots import SnapshotError, restore, snapshot  # noqa: E402
 from grpo.gym.success import EndOnSuccess, EpisodeSuccess, LengthBiasWarning, info_success  # noqa: E402
+from grpo.gym.vector_env import GymVectorEnvironment  # noqa: E402
 from grpo.policies import gaussian_mlp  # noqa: E402
 from grpo.rollout.action_stats import success_metrics  # noqa: E402
 
@@ -256,6 +257,58 @@ def test_evaluation_reuses_a_pool_of_envs_and_reports_success_with_its_stderr() 
         evaluate_policy(net, make, seeds, num_envs=0)
 
 
+class PlainStep:
+    """A vector env behind the `Environment` protocol's plain ``step(actions)``: every sub-env steps."""
+
+    def __init__(self, envs: Any) -> None:
+        self.inner = GymVectorEnvironment(envs)
+        self.num_envs = self.inner.num_envs
+
+    def reset(self, starts: Any) -> torch.Tensor:
+        return self.inner.reset(starts)
+
+    def step(self, actions: torch.Tensor) -> Any:
+        return self.inner.step(actions)
+
+
+def test_ended_sub_envs_are_not_stepped_and_the_episodes_stay_the_same() -> None:
+    """A sync vector env steps only the sub-envs still playing: one ``env.step`` per real step (the
+    vector env's own step ran all 16 until the batch's last episode ended), the same episodes."""
+    calls = []
+
+    class Counted(gym.Wrapper):  # type: ignore[misc, name-defined, unused-ignore]
+        def step(self, action: Any) -> Any:
+            calls.append(1)
+            return self.env.step(action)
+
+    torch.manual_seed(0)
+    policy = EpisodePolicy(
+        lambda: Counted(EndOnSuccess(SeededStarts(IgnoresSeed(), seed_rng))), gaussian_mlp(2, 1)
+    )
+    torch.manual_seed(1)
+    episodes = [e for g in policy.generate_actions([0, 1, 2, 3], 4) for e in g]
+    lengths = [e.length for e in episodes]
+    assert len(set(lengths)) > 1  # some end early (success), others run to the limit of 20
+    assert len(calls) == sum(lengths) == policy.env_steps
+    calls.clear()
+    torch.manual_seed(1)
+    every = run_episodes(
+        policy.policy, PlainStep(policy.vector_envs(16)), [s for s in range(4) for _ in range(4)]
+    )
+    # the plain step: a sub-env that ended early is reset by the next step (autoreset) and stepped on
+    assert len(calls) > sum(lengths) + 16
+    for a, b in zip(episodes, every, strict=True):
+        assert (a.success, a.terminated) == (b.success, b.terminated)
+        for x, y in [
+            (a.observations, b.observations),
+            (a.actions, b.actions),
+            (a.rewards, b.rewards),
+            (a.mask, b.mask),
+        ]:
+            assert torch.equal(x, y)
+    policy.close()
+
+
 def test_length_bias_warning_where_whole_episode_success_meets_a_length_weighted_loss() -> None:
     """EndOnSuccess ends successes early; a whole-episode reward with token-mean then pushes against
     success (grpo.gym.success's docstring): warned once, with the measured net weight; per-step
@@ -306,8 +359,10 @@ def test_finetune_success_recipe_trains_on_success_without_the_length_bias() -> 
 
     from grpo.gym.episodes import EpisodeRewards
 
-    config = GRPOConfig.recipe("finetune_success", batch_size=2, seed=0)
+    config = GRPOConfig.recipe("finetune_success", seed=0)
     assert (config.learning_rate, config.adaptive_lr_kl, config.group_size) == (3e-4, None, 8)
+    # B = 2 starts an update (the sweep's choice), one group per optimizer step: 4 epochs x 2 = 8
+    assert (config.batch_size, config.mini_batch_size, config.num_epochs_per_update) == (2, 1, 4)
     assert (config.clip_epsilon, config.clip_epsilon_high, config.loss_aggregation) == (
         0.2,
         0.28,

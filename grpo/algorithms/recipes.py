@@ -127,12 +127,13 @@ RECIPES: dict[str, Recipe] = {
     ),
     "finetune_success": Recipe(
         "grpo's own starting point for fine-tuning a pretrained (behaviour-cloned) control policy on "
-        "a binary success reward (examples/robot_finetune.py): measured in benchmarks/RESULTS.md, "
-        "section 'Robot fine-tuning on success'",
+        "a binary success reward (examples/robot_finetune.py): chosen by the sweep in "
+        "benchmarks/RESULTS.md, section 'Robot fine-tuning on success'",
         {
             "learning_rate": 3e-4,  # a fixed rate: the pretrained policy is already near the goal
+            "batch_size": 2,  # B = 2 starts an update: twice the updates of B = 4 per env step
             "num_epochs_per_update": 4,  # each rollout reused 4 times ...
-            "mini_batch_size": StepsPerEpoch(4),  # ... in 4 optimizer steps each: 16 per rollout (4 | B)
+            "mini_batch_size": StepsPerEpoch(4),  # ... one group per optimizer step (a group is never split): 8 a rollout
             "clip_epsilon": 0.2,
             "clip_epsilon_high": 0.28,  # clip-higher (DAPO): rare successes may gain probability faster
             "kl_coeff": 0.0,
@@ -142,12 +143,17 @@ RECIPES: dict[str, Recipe] = {
             "drop_zero_variance_groups": True,  # dynamic sampling: all-fail / all-succeed groups ...
             "max_sampling_draws": 4,  # ... replaced by new starts, at most 4 draws a step
         },
-        "Not from a paper. Use it with per-step credit (grpo.gym.EpisodeRewards() on an env wrapped "
-        "in grpo.gym.EndOnSuccess): a whole-episode reward with token-mean weighs the failures' long "
-        "episodes over the successes' short ones (grpo.gym.success.LengthBiasWarning). No adaptive "
-        "rate: small_policy's falls to its 1e-5 floor on a pretrained policy. batch_size is yours; "
-        "the exploration noise is the policy's (the example sets sigma = 0.3). Back-fill needs a source of "
-        "starts: trainer.step(seeds, more_states=...) or train().",
+        "Not from a paper. Chosen among 6 settings on MetaWorld push-v3 (BC 0.32), 3 seeds each at "
+        "60k env steps, by the mean success over seeds: B = 2 (0.55, range 0.48-0.64) ahead of B = 4 "
+        "(0.48, 0.32-0.58), 10 or 20 epochs (0.53, 0.49), no back-fill (0.54) and no back-fill with "
+        "10 epochs (0.48); the seed spread (std 0.07-0.28) is as large as these differences, and "
+        "seeds 3 and 4 of B = 2 (0.46, 0.16) bring its mean to 0.45 (5 seeds): the best of the "
+        "3-seed sweep, not a setting shown better than the others. Use it with per-step credit "
+        "(grpo.gym.EpisodeRewards() on an env wrapped in grpo.gym.EndOnSuccess): a whole-episode "
+        "reward with token-mean weighs the failures' long episodes over the successes' short ones "
+        "(grpo.gym.success.LengthBiasWarning). No adaptive rate: small_policy's falls to its 1e-5 "
+        "floor on a pretrained policy. The exploration noise is the policy's (the example sets "
+        "sigma = 0.3). Back-fill needs a source of starts: trainer.step(seeds, more_states=...) or train().",
     ),
     "tiny_lm": Recipe(
         "grpo's own preset for tiny causal LMs trained from scratch, single- and multi-turn "

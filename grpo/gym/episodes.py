@@ -41,9 +41,10 @@ whose ``reset`` ignores its seed), in order of preference:
 
 Vectorisation: all ``N = B*G`` episodes run together in one gymnasium vector env
 (``gymnasium.make_vec(..., vectorization_mode="sync"|"async")``); each env step is one batched
-policy forward over the N observations. Envs whose episode ended keep being stepped by the vector
-env (autoreset) until the last episode ends; their steps are discarded (mask False) and not
-counted in `EpisodePolicy.env_steps`.
+policy forward over the N observations. A sync vector env steps only the sub-envs still playing
+(`grpo.gym.vector_env.GymVectorEnvironment.step_active`); an async one steps them all (autoreset)
+until the last episode ends, and their extra steps are discarded (mask False). Only real steps
+count in `EpisodePolicy.env_steps`.
 
 Log-probs during the update are recomputed from the policy on the stored observations in one
 batched forward over the valid steps (``obs[mask]``, shape ``(sum(mask), obs_dim)``), scattered
@@ -67,7 +68,7 @@ from torch.distributions import Distribution
 from grpo.envs.protocol import Environment
 from grpo.gym.gymnasium_lib import import_gymnasium
 from grpo.gym.success import info_success, warn_length_bias
-from grpo.gym.vector_env import as_environment
+from grpo.gym.vector_env import GymVectorEnvironment, as_environment
 from grpo.policies import DistributionPolicy
 from grpo.policy_base import EntropyRequest, PolicyOutput, entropy_grad_mode
 from grpo.reward_model_base import StatelessReward
@@ -363,7 +364,9 @@ def run_episodes(
     while bool(alive.any()) and t < limit:
         dist: Distribution = policy.distribution(obs.to(device))
         a = dist.mode if deterministic else dist.sample()
-        step = env.step(a)
+        # A gymnasium SyncVectorEnv steps only the sub-envs still playing (the others' steps would
+        # be discarded); other environments step them all.
+        step = env.step(a, active=alive) if isinstance(env, GymVectorEnvironment) else env.step(a)
         obs_list.append(obs.cpu())
         act_list.append(a.cpu())
         rew_list.append(torch.where(alive, step.rewards.cpu(), 0.0))

@@ -21,6 +21,7 @@ from grpo.envs.protocol import Transition
 from grpo.gym.gymnasium_lib import import_gymnasium
 from grpo.gym.snapshots import Snapshot, restore
 from grpo.gym.snapshots import snapshot as take_snapshot
+from grpo.gym.success import info_success
 
 __all__ = ["GymVectorEnvironment", "as_environment"]
 
@@ -64,9 +65,13 @@ class GymVectorEnvironment:
             obs[i] = np.asarray(restore(self.envs.envs[i], snap), dtype=np.float32).reshape(-1)
         return torch.from_numpy(obs)
 
-    def step(self, actions: Tensor) -> Transition:
+    def step(self, actions: Tensor, active: Tensor | None = None) -> Transition:
+        """One step of every sub-env; with ``active`` ``(num_envs,)`` bool, a ``SyncVectorEnv``
+        steps only the active sub-envs (`step_active`)."""
         a = actions.cpu().numpy()
         env_a = a.astype(np.int64) if self.discrete else np.clip(a, self._space.low, self._space.high)
+        if active is not None and self._local:
+            return self.step_active(env_a, active.cpu().numpy().astype(bool))
         obs, rew, term, trunc, info = self.envs.step(env_a)
         return Transition(
             torch.from_numpy(np.asarray(obs, dtype=np.float32).reshape(self.num_envs, -1)),
@@ -74,6 +79,33 @@ class GymVectorEnvironment:
             torch.from_numpy(np.asarray(term, dtype=bool)),
             torch.from_numpy(np.asarray(trunc, dtype=bool)),
             _success_infos(info, self.num_envs),
+        )
+
+    def step_active(self, env_actions: np.ndarray, active: np.ndarray) -> Transition:
+        """Step the active sub-envs of a ``SyncVectorEnv`` one by one, the others not at all.
+
+        A sub-env whose episode ended costs nothing more (the vector env's own step would step it
+        on, or autoreset it, until the batch's last episode ends: MetaWorld spends most of a step
+        in its own Python). Inactive entries come back as a zero observation and reward,
+        ``terminated`` True and an empty info; the next ``reset`` resets every sub-env, so the
+        vector env's autoreset bookkeeping, bypassed here, is never read.
+        """
+        n = self.num_envs
+        obs = np.zeros((n, int(np.prod(self.envs.single_observation_space.shape))), np.float32)
+        rew, term, trunc = np.zeros(n, np.float32), np.ones(n, bool), np.zeros(n, bool)
+        infos: list[dict[str, Any]] = [{} for _ in range(n)]
+        for i in np.flatnonzero(active):
+            o, r, te, tr, info = self.envs.envs[i].step(env_actions[i])
+            obs[i], rew[i], term[i], trunc[i] = np.asarray(o, np.float32).reshape(-1), r, te, tr
+            flag = info_success(info)
+            infos[i] = {} if flag is None else {"success": flag}
+        reported = any(infos)
+        return Transition(
+            torch.from_numpy(obs),
+            torch.from_numpy(rew),
+            torch.from_numpy(term),
+            torch.from_numpy(trunc),
+            infos if reported else None,
         )
 
     def snapshot(self, index: int, observation: Tensor | None = None) -> Any:
