@@ -133,7 +133,7 @@ RECIPES: dict[str, Recipe] = {
             "learning_rate": 3e-4,  # a fixed rate: the pretrained policy is already near the goal
             "batch_size": 2,  # B = 2 starts an update: twice the updates of B = 4 per env step
             "num_epochs_per_update": 4,  # each rollout reused 4 times ...
-            "mini_batch_size": StepsPerEpoch(4),  # ... one group per optimizer step (a group is never split): 8 a rollout
+            "mini_batch_size": StepsPerEpoch(4),  # ... one group a step (never split): 8 a rollout
             "clip_epsilon": 0.2,
             "clip_epsilon_high": 0.28,  # clip-higher (DAPO): rare successes may gain probability faster
             "kl_coeff": 0.0,
