@@ -4,12 +4,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
 import os
 import random
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -403,47 +405,71 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def vllm_server(tok: Any, tmp_path: Any) -> Iterator[tuple[str, Any]]:
+@dataclasses.dataclass
+class _Server:
+    proc: Any  # subprocess.Popen
+    url: str
+    served: Path
+    log: Path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _vllm_server_started(
+    request: pytest.FixtureRequest, tok: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[_Server | None]:
     """vLLM's OpenAI-compatible server on 127.0.0.1 (CPU build: eager, 1 GiB KV cache) serving a
-    tiny Llama saved here, with grpo's weight receiver; terminated after the test."""
+    tiny Llama saved here, with grpo's weight receiver; started at this module's first test when
+    a selected test uses `vllm_server` (its start-up, ~50 s of which most is waiting, overlaps the
+    in-process engine tests before it), terminated after the module."""
     import subprocess
     import sys
-    import time
-    import urllib.request
 
-    build_model(tmp_path / "served", tok, arch="llama", hidden=64, heads=2)
+    if not HAS_VLLM or not any(
+        "vllm_server" in getattr(item, "fixturenames", ()) for item in request.session.items
+    ):
+        yield None
+        return
+    d = tmp_path_factory.mktemp("server")
+    build_model(d / "served", tok, arch="llama", hidden=64, heads=2)
     port = _free_port()
     cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tmp_path / "served"),
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(d / "served"),
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--seed", "0",
         "--worker-extension-cls", "grpo.llm.engines.vllm_worker_extension.WeightReceiver",
         "--logprobs-mode", "processed_logprobs", "--enforce-eager", "--kv-cache-memory-bytes", str(2**30),
     ]  # fmt: skip
-    log = open(tmp_path / "server.log", "w")  # noqa: SIM115 (closed below)
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                urllib.request.urlopen(url + "/v1/models", timeout=5)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    tail = (tmp_path / "server.log").read_text()[-3000:]
-                    pytest.fail(f"the vLLM server did not start (exit {proc.poll()}):\n{tail}")
-                time.sleep(1)
-        yield url, tmp_path / "served"
-    finally:
-        proc.terminate()
+    with open(d / "server.log", "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+            yield _Server(proc, f"http://127.0.0.1:{port}", d / "served", d / "server.log")
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def vllm_server(_vllm_server_started: _Server | None) -> tuple[str, Any]:
+    """The module's vLLM server once it answers: its URL and the served model's directory."""
+    import time
+    import urllib.request
+
+    server = _vllm_server_started
+    assert server is not None
+    deadline = time.monotonic() + 600
+    while True:
+        try:
+            urllib.request.urlopen(server.url + "/v1/models", timeout=5)
+            return server.url, server.served
+        except OSError:
+            if server.proc.poll() is not None or time.monotonic() > deadline:
+                tail = server.log.read_text()[-3000:]
+                pytest.fail(f"the vLLM server did not start (exit {server.proc.poll()}):\n{tail}")
+            time.sleep(1)
 
 
 @pytest.mark.vllm
