@@ -269,14 +269,14 @@ def _run_killed(
     rng, landed = random.Random(seed), 0
     latest = out / "checkpoints" / "latest"
     for attempt in range(kills + 3):
-        start = _checkpointed_step(latest)
+        start, started = _checkpointed_step(latest), _line_count(out / "starts.txt")
         proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_script_env()
         )
         if attempt < kills and start < steps - 2:
             step = rng.randint(start + 1, steps - 2)
             if after_record:
-                _wait_for_a_record(out / "metrics.jsonl", proc, step)
+                _wait_for_a_record(out, proc, step, started)
             else:
                 _wait_for_a_checkpoint(latest, proc, step)
             time.sleep(rng.uniform(0.0, 0.15 if after_record else 0.05))
@@ -305,15 +305,20 @@ def _wait_for_a_checkpoint(latest: Path, proc: Any, step: int, timeout: float = 
         time.sleep(0.005)
 
 
-def _wait_for_a_record(metrics: Path, proc: Any, step: int, timeout: float = 300.0) -> None:
-    """Until the run's JSONL file holds ``step`` records (a resume truncates it to its checkpoint),
-    or the process ended."""
+def _line_count(path: Path) -> int:
+    """The number of lines of ``path`` (0 while it does not exist)."""
+    return len(path.read_text().splitlines()) if path.exists() else 0
 
-    def count() -> int:
-        return len(metrics.read_text().splitlines()) if metrics.exists() else 0
 
-    t0 = time.monotonic()
-    while proc.poll() is None and count() < step and time.monotonic() - t0 < timeout:
+def _wait_for_a_record(out: Path, proc: Any, step: int, started: int, timeout: float = 300.0) -> None:
+    """Until this attempt has started training (``out/starts.txt`` holds more than ``started``
+    lines: its resume has truncated the JSONL file to its checkpoint) and the run's JSONL file holds
+    ``step`` records, or the process ended. Without the first wait, the records an earlier killed
+    attempt wrote after its last checkpoint could satisfy the count before this attempt began."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and _line_count(out / "starts.txt") <= started and time.monotonic() < deadline:
+        time.sleep(0.005)
+    while proc.poll() is None and _line_count(out / "metrics.jsonl") < step and time.monotonic() < deadline:
         time.sleep(0.005)
 
 
