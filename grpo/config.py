@@ -94,7 +94,7 @@ def _example(name: str) -> str:
 
 def _mini_batch_for_count(num_mini_batches: Any, others: Mapping[str, Any]) -> int | None:
     """``num_mini_batches`` (optimizer steps per epoch) as ``mini_batch_size``
-    (`grpo.algorithms.recipes.mini_batch_for_count`; None: None)."""
+    (`grpo.algorithms.mini_batches.mini_batch_for_count`; None: None)."""
     if num_mini_batches is None:
         return None
     if isinstance(num_mini_batches, bool) or not isinstance(num_mini_batches, int) or num_mini_batches < 1:
