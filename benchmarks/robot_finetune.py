@@ -73,7 +73,6 @@ evaluate, finetune, load_policy, save_policy = _ex.evaluate, _ex.finetune, _ex.l
 
 HIDDEN = (256, 256)
 DEMO_NOISE = 0.3
-EXPLORATION_STD = 0.3
 MAX_STEPS = 150
 
 
@@ -110,7 +109,7 @@ def grpo_cell(args: argparse.Namespace) -> dict[str, Any]:
     overrides = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in args.set)}
     settings = FinetuneSettings(
         budget=args.budget, group_size=args.group_size, batch_size=args.batch_size,
-        exploration_std=EXPLORATION_STD, max_steps=MAX_STEPS, seed=args.seed, credit=args.credit,
+        exploration_std=args.exploration_std, max_steps=MAX_STEPS, seed=args.seed, credit=args.credit,
         overrides=overrides,
     )  # fmt: skip
     summary = finetune(policy, args.task, settings)
@@ -150,8 +149,9 @@ def normalised(env: Any, policy: Any) -> Any:
     return gym.wrappers.TransformObservation(env, norm, space)
 
 
-def ppo_model(policy: Any, task: str, seed: int, n_envs: int) -> Any:
-    """SB3 PPO on ``n_envs`` envs with the clone as its actor (weights copied) and a fresh critic."""
+def ppo_model(policy: Any, task: str, seed: int, n_envs: int, exploration_std: float) -> Any:
+    """SB3 PPO on ``n_envs`` envs with the clone as its actor (weights copied), a fresh critic and
+    the starting sigma ``exploration_std``."""
     from stable_baselines3 import PPO  # type: ignore[import-not-found, unused-ignore]
     from stable_baselines3.common.vec_env import DummyVecEnv  # type: ignore[import-not-found, unused-ignore]
 
@@ -160,7 +160,7 @@ def ppo_model(policy: Any, task: str, seed: int, n_envs: int) -> Any:
     model = PPO(
         "MlpPolicy", DummyVecEnv(fns), n_steps=256, batch_size=64, gamma=0.99, seed=seed, device="cpu",
         policy_kwargs={"net_arch": {"pi": list(HIDDEN), "vf": list(HIDDEN)}, "activation_fn": nn.Tanh,
-                       "log_std_init": math.log(EXPLORATION_STD), "ortho_init": True},
+                       "log_std_init": math.log(exploration_std), "ortho_init": True},
     )  # fmt: skip
     sb3 = model.policy
     sb3.mlp_extractor.policy_net.load_state_dict(policy.body.state_dict())
@@ -176,7 +176,7 @@ def actor_params(model: Any) -> list[nn.Parameter]:
 def ppo_cell(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     policy = load_policy(Path(args.dir) / args.task / "bc")
-    model = ppo_model(policy, args.task, args.seed, n_envs=8)
+    model = ppo_model(policy, args.task, args.seed, n_envs=8, exploration_std=args.exploration_std)
     start = time.perf_counter()
     for p in actor_params(model):  # critic warm-up: value-only updates, the actor frozen
         p.requires_grad_(False)
@@ -244,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bc-epochs", type=int, default=200, help="bc: passes over the demonstrations")
     p.add_argument("--budget", type=int, default=200_000, help="env steps (PPO: warm-up included)")
     p.add_argument("--warmup", type=int, default=20_480, help="ppo: critic-only env steps")
+    p.add_argument(
+        "--exploration-std", type=float, default=0.3, help="sigma when fine-tuning starts (grpo and ppo)"
+    )
     p.add_argument("--group-size", type=int, default=8, help="grpo: G episodes per start")
     p.add_argument("--batch-size", type=int, default=2, help="grpo: B starts per update (the recipe's)")
     p.add_argument(
@@ -265,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     start, cpu, load_before = time.perf_counter(), time.process_time(), load()
     cell = {"bc": bc_cell, "grpo": grpo_cell, "ppo": ppo_cell}[args.side](args)
     row = {"task": args.task, "side": args.side, "tag": args.tag, "seed": args.seed, "budget": args.budget,
+           "sigma": args.exploration_std,
            **cell, "wall_seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu,
            "load": f"{load_before} -> {load()}"}  # fmt: skip
     line = json.dumps(row)

@@ -349,3 +349,69 @@ def test_kept_groups_pads_only_to_the_draws_that_keep_a_group() -> None:
     assert batch.rewards.tolist() == [0.0, 1.0, 2.0, 3.0]
     assert (batch.dropped_groups, batch.timings) == (2, {"score": 1.0})
     assert (batch.sampling["sampling/capped"], batch.sampling["sampling/dropped_groups"]) == (0.0, 2.0)
+
+
+def test_with_per_step_credit_a_group_judged_by_its_outcome_all_succeed_faster_or_slower() -> None:
+    """Per-step credit (gamma 0.9): a group whose episodes all succeed, at t = 0 or t = 2, has
+    non-zero per-step advantages (1 vs 0.81 at t = 0), yet both filters call it all-equal by its
+    total reward: `mixed_groups` (back-fill) and the estimator's ``keep`` (the loss) agree."""
+    from grpo.advantage_estimator import AdvantageEstimator
+    from grpo.rollout.dynamic_sampling import mixed_groups
+
+    mask = torch.tensor([[True, False, False], [True, True, True]] * 2)
+    step = torch.tensor([[1.0, 0, 0], [0, 0, 1.0], [1.0, 0, 0], [0, 0, 0]])  # group 0: both succeed
+    totals = step.sum(1)
+    ids = torch.tensor([0, 0, 1, 1])
+    est = AdvantageEstimator(drop_zero_variance_groups=True, gamma=0.9)
+    result = est(totals, ids, 2, mask=mask, step_rewards=step, group_size=2)
+    assert result.advantages[:2, 0].abs().min() > 0.5  # speed is ranked: (1 - 0.81) / std
+    assert mixed_groups(totals, 2).tolist() == [False, True]
+    assert result.keep is not None
+    assert result.keep.tolist() == [False, False, True, True]
+
+
+def test_gym_back_fill_with_per_step_credit_leaves_out_groups_that_all_succeed() -> None:
+    """A real gymnasium env, `EpisodeRewards` (per-step credit): starts of kind 1 always succeed,
+    at the step where the action is 1 or at step 3 (so the G lengths differ); kind 2 succeeds iff
+    the first action is 1. From the seeds [1, 4, 2, 5], B=2: the first draw (kind 1, all succeed)
+    is left out and the second (kind 2, mixed) kept."""
+    gym = pytest.importorskip("gymnasium")
+    import numpy as np
+
+    from grpo.gym import EpisodePolicy, EpisodeRewards, SeededStarts
+
+    class SpeedEnv(gym.Env):  # type: ignore[misc,name-defined]
+        observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        action_space = gym.spaces.Discrete(2)
+        kind, t = 0, 0
+
+        def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[Any, dict[str, Any]]:
+            super().reset(seed=None)
+            self.t = 0
+            return np.array([self.kind, 1.0], np.float32), {}
+
+        def step(self, action: int) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+            self.t += 1
+            if self.kind == 1:
+                success = int(action) == 1 or self.t == 3
+                done = success
+            else:
+                success, done = int(action) == 1, True
+            obs = np.array([self.kind, 1.0 - self.t / 3], np.float32)
+            return obs, float(success), done, False, {"success": success}
+
+    def start(env: Any, seed: int) -> None:
+        env.kind = seed % 3
+
+    torch.manual_seed(0)
+    policy = EpisodePolicy(lambda: SeededStarts(SpeedEnv(), start), categorical_mlp(2, 2, hidden=(4,)))
+    config = GRPOConfig(
+        group_size=8, batch_size=2, seed=0, learning_rate=1e-2, gamma=0.9,
+        drop_zero_variance_groups=True, max_sampling_draws=3,
+    )  # fmt: skip
+    trainer = GRPOTrainer(config, policy, EpisodeRewards())
+    run = trainer.train([1, 4, 2, 5], num_steps=1, progress=False)
+    assert run.history[0]["sampling/draws"] == 2.0
+    assert run.history[0]["sampling/dropped_groups"] == 2.0
+    assert last_batch(trainer).states == [2, 5]
+    policy.close()

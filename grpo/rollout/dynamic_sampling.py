@@ -7,13 +7,22 @@ A group is *mixed* when its G rewards, clipped as the advantages clip them
 
     mixed_b = max_j r_bj > min_j r_bj        (reward std > 0 within group b)
 
+The r_bj are the episodes' total rewards (the outcome), also with per-step credit (step rewards,
+``gamma`` < 1): a group whose G episodes all succeed, faster or slower, is all-equal and left out,
+as DAPO and SimpleVLA-RL filter by outcome accuracy in (0, 1). Its per-step advantages would
+only rank the speeds of successes; kept, such groups would crowd the mixed ones (the success
+signal) out of the batch as the success rate rises. The advantage's own filter
+(`grpo.advantage_estimator.AdvantageEstimator`, ``drop_zero_variance_groups``) tests the same
+totals, so the two never disagree on a group.
+
 The step's batch is then, over the groups of every draw in draw order (`pick_groups`):
 
-* the first B mixed groups; mixed groups found beyond B are left out (``sampling/surplus_groups``);
+* the first B mixed groups; mixed groups found beyond B are left out (``sampling/surplus_groups``),
+  so that every update has B groups (verl's ``filter_groups`` also truncates to its batch size);
 * at the cap (M draws, or the source ran out) with k < B mixed groups: those k, topped up with the
-  first B - k all-equal groups drawn. Their GRPO advantage is 0 and ``drop_zero_variance_groups``
-  leaves them out of the loss and its normaliser, so the update trains on the k mixed groups
-  found; a `UserWarning` says so and ``sampling/capped`` is 1. It never draws more than M batches.
+  first B - k all-equal groups drawn. ``drop_zero_variance_groups`` leaves these out of the loss
+  and its normaliser, so the update trains on the k mixed groups found; a `UserWarning` says
+  so and ``sampling/capped`` is 1. It never draws more than M batches.
 
 The draws are counted (`DrawCounter`, checkpointed by the trainer) so that
 `grpo.training.loop.train` resumes its source at the batch an uninterrupted run draws next.
