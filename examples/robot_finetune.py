@@ -196,6 +196,14 @@ class FinetuneSettings:
     overrides: dict[str, Any] | None = None  # GRPOConfig fields over the recipe
 
 
+def rollout_success(metrics: dict[str, float]) -> float:
+    """The policy's success rate at a step: over every episode it drew, the groups back-fill left
+    out included (``episode/success_rate`` is the kept batch's, mixed groups by construction)."""
+    if "sampling/drawn_episodes" in metrics:
+        return metrics["sampling/drawn_successes"] / metrics["sampling/drawn_episodes"]
+    return metrics["episode/success_rate"]
+
+
 def finetune(policy: RobotPolicy, task: str, s: FinetuneSettings) -> dict[str, Any]:
     """GRPO on success until ``s.budget`` env steps are played; returns a summary of the run.
 
@@ -221,10 +229,10 @@ def finetune(policy: RobotPolicy, task: str, s: FinetuneSettings) -> dict[str, A
             more_states=lambda: rng.integers(0, EVAL_SEED0, s.batch_size).tolist(),
         )
         updates += 1
-        curve.append((episodes.env_steps, metrics["episode/success_rate"]))
+        curve.append((episodes.env_steps, rollout_success(metrics)))
         log.info(
-            "update %3d  env steps %7d  train success %.2f  draws %d  entropy %.2f",
-            updates, episodes.env_steps, metrics["episode/success_rate"], metrics.get("sampling/draws", 1),
+            "update %3d  env steps %7d  rollout success %.2f  draws %d  entropy %.2f",
+            updates, episodes.env_steps, curve[-1][1], metrics.get("sampling/draws", 1),
             metrics.get("policy/entropy", math.nan),
         )  # fmt: skip
     episodes.close()

@@ -85,6 +85,7 @@ def test_step_with_a_callable_source_keeps_the_first_b_mixed_and_counts_the_surp
     assert (m["sampling/draws"], m["sampling/kept_groups"], m["sampling/surplus_groups"]) == (2.0, 3.0, 1.0)
     assert m["sampling/dropped_groups"] == 2.0
     assert m["sampling/capped"] == 0.0
+    assert "sampling/drawn_episodes" not in m  # a bandit's actions report no success
     assert kinds_of(last_batch(trainer).states) == [2, 2, 2]
     assert last_batch(trainer).num_samples == 3 * G
 
@@ -300,6 +301,10 @@ def test_gym_episode_groups_back_fill_with_new_seeded_starts() -> None:
     assert [r["sampling/dropped_groups"] for r in run.history] == [2.0, 2.0]
     assert last_batch(trainer).states == [8, 11]
     assert policy.env_steps == 2 * 2 * 2 * 8  # steps x draws x B x G one-step episodes
+    for r in run.history:  # every drawn episode: 8 of kind 0 fail, 8 of kind 1 succeed, 16 kept
+        assert r["sampling/drawn_episodes"] == 32.0
+        assert r["sampling/drawn_successes"] == 8.0 + 16 * r["episode/success_rate"]
+        assert 0.0 < r["episode/success_rate"] < 1.0
     policy.close()
 
 
@@ -413,5 +418,6 @@ def test_gym_back_fill_with_per_step_credit_leaves_out_groups_that_all_succeed()
     run = trainer.train([1, 4, 2, 5], num_steps=1, progress=False)
     assert run.history[0]["sampling/draws"] == 2.0
     assert run.history[0]["sampling/dropped_groups"] == 2.0
+    assert run.history[0]["sampling/drawn_successes"] == 16.0 + 16 * run.history[0]["episode/success_rate"]
     assert last_batch(trainer).states == [2, 5]
     policy.close()

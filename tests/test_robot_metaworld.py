@@ -155,7 +155,7 @@ def test_robot_finetune_example_quick(tmp_path: Any) -> None:
     assert re.search(
         r"push-v3: 2 demos \(\d+ steps, \d+% solved\); BC success [\d.]+ \+- [\d.]+", proc.stdout
     )
-    updates = re.findall(r"update +(\d+) +env steps +(\d+) +train success ([\d.]+)", proc.stdout)
+    updates = re.findall(r"update +(\d+) +env steps +(\d+) +rollout success ([\d.]+)", proc.stdout)
     assert len(updates) >= 1
     assert int(updates[-1][1]) >= 300  # the --quick budget, every env step counted
     final = re.search(r"after (\d+) env steps \((\d+) updates", proc.stdout)

@@ -308,6 +308,8 @@ def test_optional_glossary_keys_appear_exactly_when_their_option_is_on() -> None
         "sampling/dropped_groups",
         "sampling/surplus_groups",
         "sampling/capped",
+        "sampling/drawn_episodes",
+        "sampling/drawn_successes",
     }
     always = set(glossary_keys())
     on = make_trainer(
@@ -321,8 +323,8 @@ def test_optional_glossary_keys_appear_exactly_when_their_option_is_on() -> None
     liger_only = {"clip/frac"}  # needs use_liger_loss, an LLM and liger-kernel: tests/test_llm_fused.py
     engine_only = {"async/staleness", "async/sync_seconds"}  # an engine with its own weights:
     # tests/test_async_rollouts.py
-    episode_only = {"episode/success_rate"}  # episodes whose env reports success:
-    # tests/test_robot_success.py
+    episode_only = {"episode/success_rate", "sampling/drawn_episodes", "sampling/drawn_successes"}
+    # episodes whose env reports success: tests/test_robot_success.py, tests/test_dynamic_sampling.py
     assert optional - liger_only - engine_only - episode_only <= logged
     assert logged - always - optional == set(), "logged keys missing from docs/metrics.md"
     plain = make_trainer()

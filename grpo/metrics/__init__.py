@@ -260,7 +260,8 @@ METRICS: tuple[Metric, ...] = (
         "With actions that report success (`grpo.gym.episodes.Episode` of an env whose step info holds "
         "`success` or `is_success`): (1/N) Σ_i 1[episode i succeeded], the fraction of the N "
         "episodes in which some step reported success (`grpo.rollout.action_stats.success_metrics`). "
-        "Absent otherwise.",
+        "With back-fill these are the kept groups' episodes, mixed by construction: the policy's "
+        "rate is `sampling/drawn_successes` / `sampling/drawn_episodes`. Absent otherwise.",
     ),
     _m("time/data", "slowest", "train", "Seconds drawing this step's states from the source."),
     _m(
@@ -313,6 +314,20 @@ METRICS: tuple[Metric, ...] = (
         "sum",
         "optional",
         "Dynamic sampling: mixed groups drawn beyond the B the batch holds (the last draw's extra).",
+    ),
+    _m(
+        "sampling/drawn_episodes",
+        "sum",
+        "optional",
+        "Dynamic sampling, episodes that report success: every episode drawn this step, kept or left out.",
+    ),
+    _m(
+        "sampling/drawn_successes",
+        "sum",
+        "optional",
+        "Dynamic sampling, episodes that report success: how many of `sampling/drawn_episodes` "
+        "succeeded. Their ratio is the policy's success rate at this step (`episode/success_rate` is "
+        "the kept batch's, which back-fill fills with groups of mixed outcome).",
     ),
     _m(
         "sampling/capped",

@@ -37,12 +37,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from grpo.rollout.action_stats import success_metrics
 from grpo.rollout.batch import ExperienceBatch, concat_batches
 
 __all__ = [
     "DRAWS_COMPONENT",
     "DrawCounter",
     "MoreStates",
+    "drawn_successes",
     "kept_groups",
     "mixed_groups",
     "pick_groups",
@@ -112,12 +114,30 @@ def kept_groups(draws: Sequence[ExperienceBatch], mixed: Sequence[Tensor], targe
     for draw in draws:
         for k, v in draw.timings.items():
             timings[k] = timings.get(k, 0.0) + v
+    metrics = sampling_metrics(every, target, len(draws), int(every.sum()) < target)
     return dataclasses.replace(
         joined,
         dropped_groups=sum(d.dropped_groups for d in draws),
         timings=timings,
-        sampling=sampling_metrics(every, target, len(draws), int(every.sum()) < target),
+        sampling=metrics | drawn_successes(draws),
     )
+
+
+def drawn_successes(draws: Sequence[ExperienceBatch]) -> dict[str, float]:
+    """``sampling/drawn_episodes`` and ``sampling/drawn_successes``: every episode the step drew,
+    kept or left out, and how many succeeded, when the actions report success (episodes of an
+    env whose info holds ``success``; `grpo.rollout.action_stats.success_metrics`); ``{}``
+    otherwise. Their ratio is the policy's success rate at this step: ``episode/success_rate``
+    is the kept batch's, which back-fill fills with mixed groups (near 1/2 whatever the policy)."""
+    actions: list[Any] = []
+    for draw in draws:
+        if not isinstance(draw.actions, Sequence):
+            return {}
+        actions.extend(draw.actions)
+    if "episode/success_rate" not in success_metrics(actions):
+        return {}
+    wins = sum(1 for a in actions if a.success)
+    return {"sampling/drawn_episodes": float(len(actions)), "sampling/drawn_successes": float(wins)}
 
 
 def sampling_metrics(mixed: Tensor, target: int, draws: int, capped: bool) -> dict[str, float]:
