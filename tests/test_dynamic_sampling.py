@@ -8,6 +8,7 @@ batches it draws is then known by hand, whatever the policy samples.
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -420,4 +421,65 @@ def test_gym_back_fill_with_per_step_credit_leaves_out_groups_that_all_succeed()
     assert run.history[0]["sampling/dropped_groups"] == 2.0
     assert run.history[0]["sampling/drawn_successes"] == 16.0 + 16 * run.history[0]["episode/success_rate"]
     assert last_batch(trainer).states == [2, 5]
+    policy.close()
+
+
+def test_back_fill_joins_draws_of_different_episode_lengths_with_one_group_mini_batches() -> None:
+    """Episodes end early on failure as on success, so the draws' padded lengths differ: the
+    first draw (kind 3: success when the action is 1, failure at step 3; kind 0: fails at once)
+    is 3 steps wide, the second (kind 2: one step, success iff the action is 1) 1 step wide. One
+    group a mini-batch with per-step credit: the group of the 1-step draw is evaluated 1 step
+    wide while the batch's advantages are 3 wide. The update runs, and the narrow group's
+    log-probs, padded, equal the rows of one forward over the whole batch (the padding is no step)."""
+    gym = pytest.importorskip("gymnasium")
+    import numpy as np
+
+    from grpo.gym import EpisodePolicy, EpisodeRewards, SeededStarts
+
+    class EarlyEndEnv(gym.Env):  # type: ignore[misc,name-defined]
+        observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        action_space = gym.spaces.Discrete(2)
+        kind, t = 0, 0
+
+        def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[Any, dict[str, Any]]:
+            super().reset(seed=None)
+            self.t = 0
+            return np.array([self.kind, 0.0], np.float32), {}
+
+        def step(self, action: int) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+            self.t += 1
+            success = self.kind in (2, 3) and int(action) == 1
+            done = success or self.kind in (0, 2) or self.t == 3
+            obs = np.array([self.kind, self.t], np.float32)
+            return obs, float(success), done, False, {"success": success}
+
+    def start(env: Any, seed: int) -> None:
+        env.kind = seed % 4
+
+    torch.manual_seed(0)
+    policy = EpisodePolicy(lambda: SeededStarts(EarlyEndEnv(), start), categorical_mlp(2, 2, hidden=(4,)))
+    config = GRPOConfig(
+        group_size=8, batch_size=2, seed=0, learning_rate=1e-2, gamma=0.9, mini_batch_size=1,
+        num_epochs_per_update=2, drop_zero_variance_groups=True, max_sampling_draws=3,
+    )  # fmt: skip
+    trainer = GRPOTrainer(config, policy, EpisodeRewards())
+    more = iter([[2, 6]])
+    m = trainer.step([3, 4], more_states=lambda: next(more, None))
+    batch = last_batch(trainer)
+    assert batch.states == [3, 2]
+    assert batch.mask is not None
+    assert batch.mask.shape[1] == 3
+    assert not bool(batch.mask[8:, 1:].any())  # kind 2: 1 step
+    assert (m["sampling/draws"], m["sampling/kept_groups"]) == (2.0, 2.0)
+    assert math.isfinite(m["loss/total"])
+    from grpo.rollout.batch import evaluate_log_probs
+
+    cpu = torch.device("cpu")
+    whole = evaluate_log_probs(policy, batch, device=cpu, with_entropy=True)
+    part = evaluate_log_probs(policy, batch, torch.arange(8, 16), device=cpu, with_entropy=True)
+    assert torch.equal(part.log_probs, whole.log_probs[8:])
+    assert torch.equal(part.mask, whole.mask[8:])
+    assert part.entropy is not None
+    assert whole.entropy is not None
+    assert torch.equal(part.entropy, whole.entropy[8:])
     policy.close()

@@ -173,13 +173,21 @@ def concat_batches(batches: Sequence[ExperienceBatch]) -> ExperienceBatch:
     """The groups of ``batches`` one after the other, as one group-major batch (every batch with
     the same uniform G, states and actions of the same kind). Per-step fields (N_i, T_i) are
     right-padded to the largest T (log-probs and rewards with 0, the mask with False: padding is
-    no step); ``group_ids`` are renumbered, ``dropped_groups`` and ``timings`` summed."""
+    no step); ``group_ids`` are renumbered, ``dropped_groups`` and ``timings`` summed. A batch
+    without ``step_rewards`` beside batches with them is a batch of 1-step actions whose (N, 1)
+    step rewards were read as (N,) (`grpo.rollout.checks.to_reward_tensor`): its rewards become
+    its (N, 1) step rewards."""
     first = batches[0]
     if len(batches) == 1:
         return first
     g = first.group_size
     if g is None or any(b.group_size != g for b in batches):
         raise ValueError("concat_batches needs batches with one uniform group size.")
+    if any(b.step_rewards is not None for b in batches):
+        batches = [
+            b if b.step_rewards is not None else replace(b, step_rewards=b.rewards[:, None]) for b in batches
+        ]
+        first = batches[0]
     joined: dict[str, Any] = {name: _concat([getattr(b, name) for b in batches]) for name in _ROW_FIELDS}
     timings: dict[str, float] = {}
     for b in batches:
@@ -335,4 +343,24 @@ def evaluate_log_probs(
     else:
         out = policy.get_log_probabilities(select_rows(batch.flat_states, rows), actions)
         where = method_name(policy, "get_log_probabilities")
-    return normalise_log_probs(out, n, where, device, check_inf=check_inf, actions=actions)
+    lp = normalise_log_probs(out, n, where, device, check_inf=check_inf, actions=actions)
+    return _to_batch_width(lp, batch, rows)
+
+
+def _to_batch_width(lp: LogProbs, batch: ExperienceBatch, rows: Tensor | None) -> LogProbs:
+    """``lp`` (n, t) right-padded to the batch's T (its mask's width): log-probs and entropy 0,
+    mask False. A policy may return the width of the actions it was given (episodes of one draw
+    are padded to that draw's longest, and back-fill joins draws of different lengths), so a
+    mini-batch can come back narrower than the batch's advantages and recorded log-probs; the
+    columns beyond t must then be padding for these rows, else ``lp`` is returned as it is and
+    the shape checks of the update name the mismatch."""
+    if batch.mask is None or lp.log_probs.dim() != 2:
+        return lp
+    t, width = int(lp.log_probs.shape[1]), int(batch.mask.shape[1])
+    if t >= width or bool(select_rows(batch.mask, rows)[:, t:].any()):
+        return lp
+
+    def pad(x: Tensor) -> Tensor:
+        return torch.cat([x, x.new_zeros((x.shape[0], width - t))], dim=1)
+
+    return LogProbs(pad(lp.log_probs), pad(lp.mask), None if lp.entropy is None else pad(lp.entropy))
