@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -376,17 +377,20 @@ def test_with_per_step_credit_a_group_judged_by_its_outcome_all_succeed_faster_o
     assert result.keep.tolist() == [False, False, True, True]
 
 
-def test_gym_back_fill_with_per_step_credit_leaves_out_groups_that_all_succeed() -> None:
-    """A real gymnasium env, `EpisodeRewards` (per-step credit): starts of kind 1 always succeed,
-    at the step where the action is 1 or at step 3 (so the G lengths differ); kind 2 succeeds iff
-    the first action is 1. From the seeds [1, 4, 2, 5], B=2: the first draw (kind 1, all succeed)
-    is left out and the second (kind 2, mixed) kept."""
+Outcome = Callable[[int, int, int], tuple[bool, bool]]
+"""``outcome(kind, t, action) -> (success, done)`` of step t (from 1) of a start of that kind."""
+
+
+def per_step_trainer(outcome: Outcome, kinds: int, **config: Any) -> tuple[GRPOTrainer, Any]:
+    """A trainer with per-step credit (`EpisodeRewards`, gamma 0.9) over a real gymnasium env whose
+    reset ignores the seed (as MetaWorld's does): `SeededStarts` gives start s the kind s % kinds,
+    observations are (kind, t), the reward is 1 at a success. G = 8, B = 2, back-fill on."""
     gym = pytest.importorskip("gymnasium")
     import numpy as np
 
     from grpo.gym import EpisodePolicy, EpisodeRewards, SeededStarts
 
-    class SpeedEnv(gym.Env):  # type: ignore[misc,name-defined]
+    class KindEnv(gym.Env):  # type: ignore[misc,name-defined]
         observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
         action_space = gym.spaces.Discrete(2)
         kind, t = 0, 0
@@ -394,28 +398,36 @@ def test_gym_back_fill_with_per_step_credit_leaves_out_groups_that_all_succeed()
         def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[Any, dict[str, Any]]:
             super().reset(seed=None)
             self.t = 0
-            return np.array([self.kind, 1.0], np.float32), {}
+            return np.array([self.kind, 0.0], np.float32), {}
 
         def step(self, action: int) -> tuple[Any, float, bool, bool, dict[str, Any]]:
             self.t += 1
-            if self.kind == 1:
-                success = int(action) == 1 or self.t == 3
-                done = success
-            else:
-                success, done = int(action) == 1, True
-            obs = np.array([self.kind, 1.0 - self.t / 3], np.float32)
+            success, done = outcome(self.kind, self.t, int(action))
+            obs = np.array([self.kind, self.t], np.float32)
             return obs, float(success), done, False, {"success": success}
 
     def start(env: Any, seed: int) -> None:
-        env.kind = seed % 3
+        env.kind = seed % kinds
 
     torch.manual_seed(0)
-    policy = EpisodePolicy(lambda: SeededStarts(SpeedEnv(), start), categorical_mlp(2, 2, hidden=(4,)))
-    config = GRPOConfig(
-        group_size=8, batch_size=2, seed=0, learning_rate=1e-2, gamma=0.9,
-        drop_zero_variance_groups=True, max_sampling_draws=3,
-    )  # fmt: skip
-    trainer = GRPOTrainer(config, policy, EpisodeRewards())
+    policy = EpisodePolicy(lambda: SeededStarts(KindEnv(), start), categorical_mlp(2, 2, hidden=(4,)))
+    cfg: dict[str, Any] = {
+        "group_size": 8, "batch_size": 2, "seed": 0, "learning_rate": 1e-2, "gamma": 0.9,
+        "drop_zero_variance_groups": True, "max_sampling_draws": 3, **config,
+    }  # fmt: skip
+    return GRPOTrainer(GRPOConfig(**cfg), policy, EpisodeRewards()), policy
+
+
+def test_gym_back_fill_with_per_step_credit_leaves_out_groups_that_all_succeed() -> None:
+    """Starts of kind 1 always succeed, at the step where the action is 1 or at step 3 (so the G
+    lengths differ); kind 2 succeeds iff the first action is 1. From the seeds [1, 4, 2, 5], B=2:
+    the first draw (kind 1, all succeed) is left out and the second (kind 2, mixed) kept."""
+
+    def outcome(kind: int, t: int, action: int) -> tuple[bool, bool]:
+        success = action == 1 or (kind == 1 and t == 3)
+        return success, success or kind == 2
+
+    trainer, policy = per_step_trainer(outcome, kinds=3)
     run = trainer.train([1, 4, 2, 5], num_steps=1, progress=False)
     assert run.history[0]["sampling/draws"] == 2.0
     assert run.history[0]["sampling/dropped_groups"] == 2.0
@@ -431,38 +443,13 @@ def test_back_fill_joins_draws_of_different_episode_lengths_with_one_group_mini_
     group a mini-batch with per-step credit: the group of the 1-step draw is evaluated 1 step
     wide while the batch's advantages are 3 wide. The update runs, and the narrow group's
     log-probs, padded, equal the rows of one forward over the whole batch (the padding is no step)."""
-    gym = pytest.importorskip("gymnasium")
-    import numpy as np
+    from grpo.rollout.batch import evaluate_log_probs
 
-    from grpo.gym import EpisodePolicy, EpisodeRewards, SeededStarts
+    def outcome(kind: int, t: int, action: int) -> tuple[bool, bool]:
+        success = kind in (2, 3) and action == 1
+        return success, success or kind in (0, 2) or t == 3
 
-    class EarlyEndEnv(gym.Env):  # type: ignore[misc,name-defined]
-        observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
-        action_space = gym.spaces.Discrete(2)
-        kind, t = 0, 0
-
-        def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[Any, dict[str, Any]]:
-            super().reset(seed=None)
-            self.t = 0
-            return np.array([self.kind, 0.0], np.float32), {}
-
-        def step(self, action: int) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-            self.t += 1
-            success = self.kind in (2, 3) and int(action) == 1
-            done = success or self.kind in (0, 2) or self.t == 3
-            obs = np.array([self.kind, self.t], np.float32)
-            return obs, float(success), done, False, {"success": success}
-
-    def start(env: Any, seed: int) -> None:
-        env.kind = seed % 4
-
-    torch.manual_seed(0)
-    policy = EpisodePolicy(lambda: SeededStarts(EarlyEndEnv(), start), categorical_mlp(2, 2, hidden=(4,)))
-    config = GRPOConfig(
-        group_size=8, batch_size=2, seed=0, learning_rate=1e-2, gamma=0.9, mini_batch_size=1,
-        num_epochs_per_update=2, drop_zero_variance_groups=True, max_sampling_draws=3,
-    )  # fmt: skip
-    trainer = GRPOTrainer(config, policy, EpisodeRewards())
+    trainer, policy = per_step_trainer(outcome, kinds=4, mini_batch_size=1, num_epochs_per_update=2)
     more = iter([[2, 6]])
     m = trainer.step([3, 4], more_states=lambda: next(more, None))
     batch = last_batch(trainer)
@@ -472,8 +459,6 @@ def test_back_fill_joins_draws_of_different_episode_lengths_with_one_group_mini_
     assert not bool(batch.mask[8:, 1:].any())  # kind 2: 1 step
     assert (m["sampling/draws"], m["sampling/kept_groups"]) == (2.0, 2.0)
     assert math.isfinite(m["loss/total"])
-    from grpo.rollout.batch import evaluate_log_probs
-
     cpu = torch.device("cpu")
     whole = evaluate_log_probs(policy, batch, device=cpu, with_entropy=True)
     part = evaluate_log_probs(policy, batch, torch.arange(8, 16), device=cpu, with_entropy=True)
